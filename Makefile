@@ -1,0 +1,68 @@
+# opcua-chaos: chaos and stress suites for OPC UA servers.
+# `make chaos` runs the suites against TARGET; `make test` is what CI runs.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+TARGET        ?= reference
+LABEL_FILTER  ?=
+RUN           ?= $(shell date -u +%Y%m%d-%H%M%S)
+SEED          ?=
+SUITE_TIMEOUT ?= 9m
+BIN           := .bin
+CHAOS         := $(BIN)/chaos
+REPORTS       := reports
+
+export TARGET OPCUA_ENDPOINT
+
+GINKGO_FLAGS := -r --randomize-all --fail-on-empty --keep-going \
+	--timeout $(SUITE_TIMEOUT) --poll-progress-after 60s \
+	--output-dir $(REPORTS)/$(RUN) --json-report report.json --junit-report junit.xml
+ifneq ($(LABEL_FILTER),)
+GINKGO_FLAGS += --label-filter '$(LABEL_FILTER)'
+endif
+ifneq ($(SEED),)
+GINKGO_FLAGS += --seed $(SEED)
+endif
+ifeq ($(CI),true)
+GINKGO_FLAGS += --no-color
+endif
+
+UNIT_PKGS = $$(go list ./... | grep -v '/suites/')
+
+.PHONY: help chaos test fmt-check vet unit images clean recheck $(CHAOS)
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(CHAOS):
+	@mkdir -p $(BIN)
+	@go build -o $(CHAOS) ./fixtures/cmd/chaos
+
+chaos: $(CHAOS) ## run all suites against TARGET (LABEL_FILTER, SEED narrow it) and print the summary
+	@$(CHAOS) preflight
+	@rc=0; OPCUA_CHAOS_RUN=$(RUN) go tool ginkgo $(GINKGO_FLAGS) ./suites/... || rc=$$?; \
+	$(CHAOS) table $(REPORTS)/$(RUN) || true; \
+	exit $$rc
+
+test: fmt-check vet unit chaos ## gofmt check, go vet, unit tests with -race, then make chaos
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+vet:
+	go vet ./...
+
+unit: ## unit tests (everything but the suites) with -race
+	go test -race -count=1 $(UNIT_PKGS)
+
+images: $(CHAOS) ## build (or reuse) the server and toxiproxy images
+	@$(CHAOS) images
+
+clean: $(CHAOS) ## remove every container, network and image of this project
+	@$(CHAOS) clean
+
+recheck: ## re-run the checkers on a saved report: make recheck DIR=reports/<run>/...
+	@test -n "$(DIR)" || { echo "error: make recheck needs DIR=<saved report folder>"; exit 2; }
+	go run ./fixtures/cmd/recheck $(DIR)

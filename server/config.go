@@ -1,0 +1,259 @@
+package server
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Default values of Config.
+const (
+	DefaultListen    = "0.0.0.0:4840"
+	DefaultUsers     = "user1:password,user2:password1,heavy:heavy,light:light"
+	DefaultWeights   = "heavy:3,light:1"
+	DefaultHighMark  = 100
+	DefaultLowMark   = 50
+	DefaultQueueSize = 10000
+)
+
+// Fault names one deliberate bug the server can switch on (OPCUA_FAULTS), so
+// the suites can show that they catch it.
+type Fault string
+
+// The fault switches. Each is one small, clearly named code path.
+const (
+	// FaultUnweighted ignores owner weights (plain round robin).
+	FaultUnweighted Fault = "unweighted"
+	// FaultTurnStall sleeps 1 ms every 7th turn between taking an owner's
+	// last turn token and queuing its next turn (seed 001's preemption skew).
+	FaultTurnStall Fault = "turn-stall"
+	// FaultLostWakeup makes a worker check the queue and then park without
+	// re-checking after arming, so a request enqueued in between waits for
+	// the next arrival.
+	FaultLostWakeup Fault = "lost-wakeup"
+	// FaultNoBackpressure never stops reading a busy channel.
+	FaultNoBackpressure Fault = "no-backpressure"
+	// FaultFaultOnOverflow closes a channel with BadTcpNotEnoughResources
+	// when more than the high mark of responses are pending.
+	FaultFaultOnOverflow Fault = "fault-on-overflow"
+	// FaultCancelLeak does not return a cancelled queued request's slot.
+	FaultCancelLeak Fault = "cancel-leak"
+	// FaultCancelDouble still dispatches a cancelled request, so it
+	// completes twice.
+	FaultCancelDouble Fault = "cancel-double"
+	// FaultSerialDispatch serves all requests on one goroutine (gopcua's
+	// stock server behaviour).
+	FaultSerialDispatch Fault = "serial-dispatch"
+)
+
+// AllFaults lists every fault switch.
+var AllFaults = []Fault{
+	FaultUnweighted, FaultTurnStall, FaultLostWakeup, FaultNoBackpressure,
+	FaultFaultOnOverflow, FaultCancelLeak, FaultCancelDouble, FaultSerialDispatch,
+}
+
+// Faults is a set of enabled fault switches.
+type Faults map[Fault]bool
+
+// Has reports whether f is on.
+func (fs Faults) Has(f Fault) bool { return fs[f] }
+
+// String lists the enabled faults, sorted, comma separated ("none" if empty).
+func (fs Faults) String() string {
+	var names []string
+	for f, on := range fs {
+		if on {
+			names = append(names, string(f))
+		}
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	sort.Strings(names)
+	return strings.Join(names, ",")
+}
+
+// ParseFaults parses a comma separated list of fault names.
+func ParseFaults(s string) (Faults, error) {
+	fs := Faults{}
+	for _, name := range splitList(s) {
+		f := Fault(name)
+		if !slices.Contains(AllFaults, f) {
+			valid := make([]string, len(AllFaults))
+			for i, a := range AllFaults {
+				valid[i] = string(a)
+			}
+			return nil, fmt.Errorf("unknown fault %q (valid: %s)", name, strings.Join(valid, ", "))
+		}
+		fs[f] = true
+	}
+	return fs, nil
+}
+
+// ParseUsers parses "name:password,name2:password2".
+func ParseUsers(s string) (map[string]string, error) {
+	users := map[string]string{}
+	for _, item := range splitList(s) {
+		name, pass, ok := strings.Cut(item, ":")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("bad user entry %q: want name:password", item)
+		}
+		if _, dup := users[name]; dup {
+			return nil, fmt.Errorf("user %q listed twice", name)
+		}
+		users[name] = pass
+	}
+	return users, nil
+}
+
+// ParseWeights parses "owner:weight,owner2:weight2" with weights ≥ 1.
+func ParseWeights(s string) (map[string]int, error) {
+	weights := map[string]int{}
+	for _, item := range splitList(s) {
+		name, w, ok := strings.Cut(item, ":")
+		n, err := strconv.Atoi(w)
+		if !ok || name == "" || err != nil || n < 1 || n > 1_000_000 {
+			return nil, fmt.Errorf("bad owner weight %q: want owner:weight with weight 1..1000000", item)
+		}
+		weights[name] = n
+	}
+	return weights, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}
+
+// Config configures a Server. The zero value of a field means its default.
+type Config struct {
+	// Listen is the TCP address ListenAndServe listens on (DefaultListen).
+	Listen string
+	// Users maps user names to passwords for UserName identity tokens.
+	Users map[string]string
+	// NoAnonymous rejects anonymous sessions.
+	NoAnonymous bool
+	// OwnerWeights are the fair queue weights per owner (default 1).
+	OwnerWeights map[string]int
+	// Workers is the worker pool size (default max(8, 2×GOMAXPROCS)).
+	Workers int
+	// QueueSize bounds the number of queued requests (DefaultQueueSize).
+	QueueSize int
+	// OwnerQueueSize bounds one owner's queued requests (default QueueSize/2).
+	OwnerQueueSize int
+	// HighMark and LowMark are the per-channel backpressure marks
+	// (DefaultHighMark, DefaultLowMark).
+	HighMark, LowMark int
+	// MinSessionTimeout is the smallest revised session timeout (100 ms).
+	MinSessionTimeout time.Duration
+	// MaxSessions bounds concurrent sessions (1000).
+	MaxSessions int
+	// Faults are the enabled fault switches.
+	Faults Faults
+	// Logger receives the server's log; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// LoadConfig builds a Config from command line args (without the program
+// name) with environment fallback through getenv:
+//
+//	-listen / OPCUA_LISTEN            listen address (0.0.0.0:4840)
+//	OPCUA_USERS                       name:password,... (DefaultUsers)
+//	OPCUA_ANONYMOUS                   "false" rejects anonymous sessions
+//	OPCUA_OWNER_WEIGHTS               owner:weight,... (DefaultWeights)
+//	-workers / OPCUA_WORKERS          worker pool size
+//	-queue / OPCUA_QUEUE_SIZE         total queue bound
+//	OPCUA_OWNER_QUEUE_SIZE            per-owner queue ceiling
+//	OPCUA_BACKPRESSURE                high:low pending responses (100:50)
+//	OPCUA_FAULTS                      fault switches, comma separated
+//
+// Errors name the offending flag or variable.
+func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Config, error) {
+	var cfg Config
+	env := func(k, def string) string {
+		if v := getenv(k); v != "" {
+			return v
+		}
+		return def
+	}
+	fset := flag.NewFlagSet("opcua-refserver", flag.ContinueOnError)
+	fset.SetOutput(output)
+	listen := fset.String("listen", env("OPCUA_LISTEN", DefaultListen), "listen address host:port (env OPCUA_LISTEN)")
+	workers := fset.String("workers", env("OPCUA_WORKERS", ""), "worker pool size (env OPCUA_WORKERS)")
+	queue := fset.String("queue", env("OPCUA_QUEUE_SIZE", ""), "total request queue bound (env OPCUA_QUEUE_SIZE)")
+	faults := fset.String("faults", env("OPCUA_FAULTS", ""), "fault switches, comma separated (env OPCUA_FAULTS)")
+	if err := fset.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fset.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected argument %q", fset.Arg(0))
+	}
+
+	if _, _, err := net.SplitHostPort(*listen); err != nil {
+		return cfg, fmt.Errorf("bad listen address %q (-listen/OPCUA_LISTEN): %v", *listen, err)
+	}
+	cfg.Listen = *listen
+
+	var err error
+	if cfg.Users, err = ParseUsers(env("OPCUA_USERS", DefaultUsers)); err != nil {
+		return cfg, fmt.Errorf("OPCUA_USERS: %v", err)
+	}
+	switch v := strings.ToLower(getenv("OPCUA_ANONYMOUS")); v {
+	case "", "true", "1", "yes":
+	case "false", "0", "no":
+		cfg.NoAnonymous = true
+	default:
+		return cfg, fmt.Errorf("OPCUA_ANONYMOUS: want true or false, got %q", v)
+	}
+	if cfg.OwnerWeights, err = ParseWeights(env("OPCUA_OWNER_WEIGHTS", DefaultWeights)); err != nil {
+		return cfg, fmt.Errorf("OPCUA_OWNER_WEIGHTS: %v", err)
+	}
+	if cfg.Workers, err = positive(*workers, "-workers/OPCUA_WORKERS"); err != nil {
+		return cfg, err
+	}
+	if cfg.QueueSize, err = positive(*queue, "-queue/OPCUA_QUEUE_SIZE"); err != nil {
+		return cfg, err
+	}
+	if cfg.OwnerQueueSize, err = positive(getenv("OPCUA_OWNER_QUEUE_SIZE"), "OPCUA_OWNER_QUEUE_SIZE"); err != nil {
+		return cfg, err
+	}
+	if bp := getenv("OPCUA_BACKPRESSURE"); bp != "" {
+		hi, lo, ok := strings.Cut(bp, ":")
+		h, err1 := strconv.Atoi(hi)
+		l, err2 := strconv.Atoi(lo)
+		if !ok || err1 != nil || err2 != nil || h < 2 || l < 1 || l >= h {
+			return cfg, fmt.Errorf("OPCUA_BACKPRESSURE: want high:low with high > low ≥ 1, got %q", bp)
+		}
+		cfg.HighMark, cfg.LowMark = h, l
+	}
+	if cfg.Faults, err = ParseFaults(*faults); err != nil {
+		return cfg, fmt.Errorf("OPCUA_FAULTS: %v", err)
+	}
+	return cfg, nil
+}
+
+func positive(s, name string) (int, error) {
+	if s == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("%s: want a positive integer, got %q", name, s)
+	}
+	return n, nil
+}
+
+// ErrHelp is returned by LoadConfig for -h/-help.
+var ErrHelp = flag.ErrHelp

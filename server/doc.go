@@ -1,0 +1,63 @@
+// Package server is the opcua-chaos reference OPC UA server: a target that
+// does concurrency right (and, with fault switches, wrong on demand) so the
+// chaos suites can prove what they catch.
+//
+// It is built on gopcua's protocol packages (uacp, uasc, ua) with its own
+// session layer and dispatch; gopcua's stock server.Server is not used.
+// Only SecurityPolicy None / MessageSecurityMode None are offered.
+//
+// # Services
+//
+// GetEndpoints (advertises the EndpointUrl the client sent, so clients behind
+// a proxy keep using the proxy; token policies "anonymous" and "username",
+// both with policy None), FindServers, CreateSession, ActivateSession
+// (anonymous, or user name and password checked against Config.Users; a bad
+// password gives BadUserAccessDenied), CloseSession, Cancel and Read. Every
+// session service checks the authentication token (BadSessionIdInvalid,
+// BadSessionNotActivated, BadSecureChannelIdInvalid when used from another
+// secure channel). Other services get a ServiceFault BadServiceUnsupported.
+// Sessions time out after their revised timeout without requests. A Read
+// honours the request's TimeoutHint (BadTimeout).
+//
+// # Nodes (Value attribute only; unknown nodes give BadNodeIdUnknown)
+//
+//	i=2254  Server_ServerArray                 String[]
+//	i=2255  Server_NamespaceArray              String[] (ns=1 is NamespaceURI)
+//	i=2256  Server_ServerStatus                ExtensionObject ServerStatusDataType
+//	i=2257  Server_ServerStatus_StartTime      DateTime
+//	i=2258  Server_ServerStatus_CurrentTime    DateTime
+//	i=2259  Server_ServerStatus_State          Int32, 0 = Running
+//	i=2260  Server_ServerStatus_BuildInfo      ExtensionObject BuildInfo
+//	i=2992, i=2993  SecondsTillShutdown, ShutdownReason
+//	i=2275  ServerDiagnosticsSummary           ExtensionObject ServerDiagnosticsSummaryDataType
+//	i=2277  CurrentSessionCount                UInt32
+//	i=2278  CumulatedSessionCount              UInt32
+//	i=2279  SecurityRejectedSessionCount       UInt32 (bad identity tokens)
+//	i=3705  RejectedSessionCount               UInt32 (too many sessions)
+//	i=2281  SessionTimeoutCount                UInt32
+//	i=2288  RejectedRequestsCount              UInt32 (requests answered with a Bad service result)
+//	i=2276, 2282, 2284–2287  other summary counters, always 0
+//
+// Namespace 1 (string ids, Int64 values):
+//
+//	ns=1;s=Counter.Reads              Read operations (ReadValueIds) answered
+//	ns=1;s=Counter.ReadRequests       Read requests answered
+//	ns=1;s=Counter.Requests           service requests received
+//	ns=1;s=Counter.Rejected           requests answered with a Bad service result
+//	ns=1;s=Counter.Timeouts           requests answered BadTimeout
+//	ns=1;s=Counter.Sessions           current sessions
+//	ns=1;s=Counter.SessionsCumulated  sessions created since start
+//	ns=1;s=Counter.Channels           current secure channels
+//	ns=1;s=Counter.ChannelsCumulated  secure channels opened since start
+//	ns=1;s=Slow.<ms>                  sleeps <ms> (0..600000), honouring
+//	                                  cancellation and TimeoutHint; value <ms>
+//	ns=1;s=Busy.<µs>                  burns CPU for <µs> (0..60000000) by
+//	                                  spinning on the monotonic clock; value <µs>
+//
+// # Logging
+//
+// The server logs with log/slog. Once listening it logs exactly one line
+// whose message is ReadyMessage ("opcua-chaos server ready") with the
+// attribute listen=<host:port>; just before it, a "starting" line lists the
+// enabled fault switches (faults=...).
+package server

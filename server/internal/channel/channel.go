@@ -1,0 +1,293 @@
+// Package channel runs one secure channel of the reference server: a reader
+// that hands service requests to a handler, and a writer goroutine that writes
+// the responses, so that no worker ever blocks on a slow socket.
+//
+// The channel counts responses that were admitted (their request was read)
+// but not yet written. Above Options.HighMark it stops reading from the
+// transport, so the peer's TCP window fills instead of our memory; it resumes
+// once the count drops to Options.LowMark. Being busy never faults the channel
+// (unless the fault-on-overflow switch asks for the old .NET behaviour).
+package channel
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+
+	"github.com/gopcua/opcua/ua"
+)
+
+// Message is one service request read from a transport.
+type Message struct {
+	// RequestID is the secure channel's request id; the response must carry it.
+	RequestID uint32
+	// Request is the decoded service request; nil when Err is set.
+	Request ua.Request
+	// Err is set when the message was read completely but could not be
+	// decoded; it must be answered with a ServiceFault.
+	Err error
+}
+
+// Transport is the message stream of one secure channel.
+type Transport interface {
+	// Receive blocks until the next service request arrives. It returns an
+	// error when the transport is closed or broken.
+	Receive(ctx context.Context) (Message, error)
+	// Send encodes and writes one response. It may block on a slow peer.
+	Send(ctx context.Context, requestID uint32, resp ua.Response) error
+	// Abort sends a transport error with code (if possible) and closes.
+	Abort(code ua.StatusCode) error
+	// Close closes the transport; a blocked Receive or Send returns.
+	Close() error
+}
+
+// Handler handles one request. It must arrange for exactly one call of
+// Channel.Respond with msg.RequestID, from any goroutine, at any later time.
+type Handler func(ch *Channel, msg Message)
+
+// Options configure a Channel.
+type Options struct {
+	// HighMark is the number of pending responses at which reading stops.
+	// Zero means 100.
+	HighMark int
+	// LowMark is the number of pending responses at which reading resumes.
+	// Zero means 50.
+	LowMark int
+	// NoBackpressure is the no-backpressure fault: never stop reading.
+	NoBackpressure bool
+	// FaultOnOverflow is the fault-on-overflow fault: close the channel with
+	// BadTcpNotEnoughResources when more than HighMark responses are pending.
+	FaultOnOverflow bool
+	// Logger receives channel events; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Stats is a snapshot of a channel's counters.
+type Stats struct {
+	Received   int64 // requests read
+	Written    int64 // responses written
+	Dropped    int64 // responses dropped because the channel closed
+	Pending    int   // responses admitted but not yet written or dropped
+	MaxPending int   // highest Pending seen
+	Pauses     int64 // times reading stopped for backpressure
+}
+
+// ErrOverflow is returned by Run when the fault-on-overflow switch closed the
+// channel.
+var ErrOverflow = errors.New("channel: too many pending responses (fault-on-overflow)")
+
+type outgoing struct {
+	reqID uint32
+	resp  ua.Response
+}
+
+// Channel is one running secure channel.
+type Channel struct {
+	t    Transport
+	opts Options
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	queue   []outgoing    // responses waiting for the writer
+	kick    chan struct{} // cap 1: wakes the writer
+	resume  chan struct{} // non-nil while the reader is paused
+	closed  bool
+	done    chan struct{} // closed when the channel is closed
+	stats   Stats
+	closeMu sync.Once
+}
+
+// New returns a channel over t. Call Run to serve it.
+func New(t Transport, opts Options) *Channel {
+	if opts.HighMark <= 0 {
+		opts.HighMark = 100
+	}
+	if opts.LowMark <= 0 || opts.LowMark > opts.HighMark {
+		opts.LowMark = opts.HighMark / 2
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Channel{
+		t:    t,
+		opts: opts,
+		log:  opts.Logger,
+		kick: make(chan struct{}, 1),
+		done: make(chan struct{}),
+	}
+}
+
+// Done is closed when the channel has closed (peer gone, error or shutdown).
+func (c *Channel) Done() <-chan struct{} { return c.done }
+
+// Stats returns a snapshot of the channel's counters.
+func (c *Channel) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stats
+}
+
+// Run reads requests and passes them to h until ctx is done or the transport
+// fails. It closes the transport and waits for the writer before returning.
+// Responses arriving after Run returned are dropped.
+func (c *Channel) Run(ctx context.Context, h Handler) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		c.writeLoop(ctx)
+	}()
+	go func() {
+		// A blocked Receive only returns when the transport closes.
+		defer wg.Done()
+		select {
+		case <-ctx.Done():
+		case <-c.done:
+		}
+		c.close()
+	}()
+
+	err := c.readLoop(ctx, h)
+	c.close()
+	cancel()
+	wg.Wait()
+	return err
+}
+
+func (c *Channel) readLoop(ctx context.Context, h Handler) error {
+	for {
+		if err := c.waitForRoom(ctx); err != nil {
+			return err
+		}
+		msg, err := c.t.Receive(ctx)
+		if err != nil {
+			return err
+		}
+		c.mu.Lock()
+		c.stats.Received++
+		c.stats.Pending++
+		if c.stats.Pending > c.stats.MaxPending {
+			c.stats.MaxPending = c.stats.Pending
+		}
+		overflow := c.opts.FaultOnOverflow && c.stats.Pending > c.opts.HighMark
+		c.mu.Unlock()
+		if overflow {
+			// Fault fault-on-overflow: the old .NET behaviour, which faulted
+			// busy channels with BadTcpNotEnoughResources.
+			c.log.Warn("closing channel: too many pending responses", "fault", "fault-on-overflow", "high", c.opts.HighMark)
+			_ = c.t.Abort(ua.StatusBadTCPNotEnoughResources)
+			c.close()
+			return ErrOverflow
+		}
+		h(c, msg)
+	}
+}
+
+// waitForRoom blocks while HighMark or more responses are pending, until the
+// count drops to LowMark.
+func (c *Channel) waitForRoom(ctx context.Context) error {
+	if c.opts.NoBackpressure {
+		// Fault no-backpressure: never stop reading.
+		return nil
+	}
+	c.mu.Lock()
+	if c.stats.Pending < c.opts.HighMark || c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.stats.Pauses++
+	resume := make(chan struct{})
+	c.resume = resume
+	c.mu.Unlock()
+	select {
+	case <-resume:
+		return nil
+	case <-c.done:
+		return errors.New("channel: closed")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Respond queues the response to request reqID for the writer. It never
+// blocks. Every request passed to the handler must be answered exactly once.
+func (c *Channel) Respond(reqID uint32, resp ua.Response) {
+	c.mu.Lock()
+	if c.closed {
+		c.stats.Dropped++
+		c.release(1)
+		c.mu.Unlock()
+		return
+	}
+	c.queue = append(c.queue, outgoing{reqID, resp})
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// release retires n pending responses and resumes a paused reader at the low
+// mark. c.mu must be held.
+func (c *Channel) release(n int) {
+	c.stats.Pending -= n
+	if c.resume != nil && c.stats.Pending <= c.opts.LowMark {
+		close(c.resume)
+		c.resume = nil
+	}
+}
+
+func (c *Channel) writeLoop(ctx context.Context) {
+	var batch []outgoing
+	for {
+		select {
+		case <-c.kick:
+		case <-c.done:
+			c.dropQueued()
+			return
+		}
+		c.mu.Lock()
+		batch, c.queue = c.queue, batch[:0]
+		c.mu.Unlock()
+		for i, o := range batch {
+			if err := c.t.Send(ctx, o.reqID, o.resp); err != nil {
+				c.log.Debug("channel write failed", "err", err)
+				c.mu.Lock()
+				c.stats.Dropped += int64(len(batch) - i)
+				c.release(len(batch) - i)
+				c.mu.Unlock()
+				c.close()
+				c.dropQueued()
+				return
+			}
+			c.mu.Lock()
+			c.stats.Written++
+			c.release(1)
+			c.mu.Unlock()
+		}
+		clear(batch)
+	}
+}
+
+func (c *Channel) dropQueued() {
+	c.mu.Lock()
+	n := len(c.queue)
+	c.queue = nil
+	c.stats.Dropped += int64(n)
+	c.release(n)
+	c.mu.Unlock()
+}
+
+func (c *Channel) close() {
+	c.closeMu.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
+		close(c.done)
+		_ = c.t.Close()
+	})
+}

@@ -1,0 +1,248 @@
+// Package session keeps the reference server's sessions: creation with a
+// random authentication token, activation with a user identity, lookup by
+// token on every service call, close and timeout.
+package session
+
+import (
+	"crypto/rand"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gopcua/opcua/ua"
+)
+
+// Session is one OPC UA session.
+type Session struct {
+	// ID is the public session id.
+	ID *ua.NodeID
+	// Token is the secret authentication token clients put in every header.
+	Token *ua.NodeID
+	// Name is the client's session name.
+	Name string
+	// Timeout is the revised session timeout.
+	Timeout time.Duration
+
+	key      string
+	lastSeen atomic.Int64 // unix nanos
+
+	mu        sync.Mutex
+	activated bool
+	user      string // "" when anonymous
+	channelID uint32
+	closed    bool
+	onClose   []func()
+}
+
+// Touch records activity now; the session times out Timeout after the last
+// activity.
+func (s *Session) Touch(now time.Time) { s.lastSeen.Store(now.UnixNano()) }
+
+// Activate marks the session active for user ("" for anonymous) on the
+// secure channel channelID.
+func (s *Session) Activate(user string, channelID uint32) {
+	s.mu.Lock()
+	s.activated = true
+	s.user = user
+	s.channelID = channelID
+	s.mu.Unlock()
+}
+
+// State returns whether the session is activated, its user name ("" when
+// anonymous) and the secure channel it is bound to.
+func (s *Session) State() (activated bool, user string, channelID uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.activated, s.user, s.channelID
+}
+
+// OnClose registers f to run once when the session is closed or times out.
+// If the session is already closed, f runs at once. It reports whether the
+// session was still open.
+func (s *Session) OnClose(f func()) bool {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		f()
+		return false
+	}
+	s.onClose = append(s.onClose, f)
+	s.mu.Unlock()
+	return true
+}
+
+// Closed reports whether the session has been closed.
+func (s *Session) Closed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+func (s *Session) close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	fs := s.onClose
+	s.onClose = nil
+	s.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
+
+// Limits bound session timeouts and counts.
+type Limits struct {
+	MinTimeout     time.Duration // default 100 ms
+	MaxTimeout     time.Duration // default 1 h
+	DefaultTimeout time.Duration // used when the client asks for 0; default 60 s
+	MaxSessions    int           // default 1000
+}
+
+// Counts are the manager's diagnostics.
+type Counts struct {
+	Current   int
+	Cumulated int64
+	Timeouts  int64
+	Rejected  int64 // CreateSession refused (too many sessions)
+	Closed    int64 // closed by CloseSession
+}
+
+// Manager holds all sessions of a server.
+type Manager struct {
+	lim Limits
+
+	mu        sync.Mutex
+	byKey     map[string]*Session
+	nextID    uint32
+	cumulated int64
+	timeouts  int64
+	rejected  int64
+	closed    int64
+}
+
+// NewManager returns an empty manager.
+func NewManager(lim Limits) *Manager {
+	if lim.MinTimeout <= 0 {
+		lim.MinTimeout = 100 * time.Millisecond
+	}
+	if lim.MaxTimeout <= 0 {
+		lim.MaxTimeout = time.Hour
+	}
+	if lim.DefaultTimeout <= 0 {
+		lim.DefaultTimeout = 60 * time.Second
+	}
+	if lim.MaxSessions <= 0 {
+		lim.MaxSessions = 1000
+	}
+	return &Manager{lim: lim, byKey: make(map[string]*Session)}
+}
+
+// Create creates an unactivated session with the requested timeout (revised
+// into the limits). It returns nil when MaxSessions sessions exist.
+func (m *Manager) Create(name string, requested time.Duration, now time.Time) *Session {
+	switch {
+	case requested <= 0:
+		requested = m.lim.DefaultTimeout
+	case requested < m.lim.MinTimeout:
+		requested = m.lim.MinTimeout
+	case requested > m.lim.MaxTimeout:
+		requested = m.lim.MaxTimeout
+	}
+	tok := make([]byte, 32)
+	_, _ = rand.Read(tok) // never fails (crypto/rand)
+	token := ua.NewByteStringNodeID(0, tok)
+	s := &Session{Token: token, Name: name, Timeout: requested, key: token.String()}
+	s.Touch(now)
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.byKey) >= m.lim.MaxSessions {
+		m.rejected++
+		return nil
+	}
+	m.nextID++
+	s.ID = ua.NewNumericNodeID(1, 1_000_000+m.nextID)
+	m.byKey[s.key] = s
+	m.cumulated++
+	return s
+}
+
+// Lookup returns the session for an authentication token, or nil.
+func (m *Manager) Lookup(token *ua.NodeID) *Session {
+	if token == nil {
+		return nil
+	}
+	key := token.String()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.byKey[key]
+}
+
+// Close closes the session with token; it reports false for unknown tokens.
+func (m *Manager) Close(token *ua.NodeID) (*Session, bool) {
+	if token == nil {
+		return nil, false
+	}
+	key := token.String()
+	m.mu.Lock()
+	s := m.byKey[key]
+	if s != nil {
+		delete(m.byKey, key)
+		m.closed++
+	}
+	m.mu.Unlock()
+	if s == nil {
+		return nil, false
+	}
+	s.close()
+	return s, true
+}
+
+// Expire closes every session idle for longer than its timeout and returns
+// them.
+func (m *Manager) Expire(now time.Time) []*Session {
+	var out []*Session
+	m.mu.Lock()
+	for k, s := range m.byKey {
+		if now.Sub(time.Unix(0, s.lastSeen.Load())) > s.Timeout {
+			delete(m.byKey, k)
+			m.timeouts++
+			out = append(out, s)
+		}
+	}
+	m.mu.Unlock()
+	for _, s := range out {
+		s.close()
+	}
+	return out
+}
+
+// CloseAll closes every session (server shutdown).
+func (m *Manager) CloseAll() {
+	m.mu.Lock()
+	all := make([]*Session, 0, len(m.byKey))
+	for k, s := range m.byKey {
+		delete(m.byKey, k)
+		all = append(all, s)
+	}
+	m.mu.Unlock()
+	for _, s := range all {
+		s.close()
+	}
+}
+
+// Counts returns the manager's diagnostics.
+func (m *Manager) Counts() Counts {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return Counts{Current: len(m.byKey), Cumulated: m.cumulated, Timeouts: m.timeouts, Rejected: m.rejected, Closed: m.closed}
+}
+
+// SweepInterval is how often Expire should run for timeouts to be enforced
+// within about a quarter of the smallest timeout.
+func (m *Manager) SweepInterval() time.Duration {
+	return max(m.lim.MinTimeout/4, 10*time.Millisecond)
+}

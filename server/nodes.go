@@ -1,0 +1,259 @@
+package server
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gopcua/opcua/id"
+	"github.com/gopcua/opcua/ua"
+)
+
+// NamespaceURI is the URI of namespace 1, the server's own nodes.
+const NamespaceURI = "urn:opcua-chaos:refserver:nodes"
+
+// Limits of the service-time nodes and of one Read.
+const (
+	MaxSlowMillis   = 600_000    // Slow.<ms>: up to 10 min
+	MaxBusyMicros   = 60_000_000 // Busy.<µs>: up to 60 s
+	MaxNodesPerRead = 10_000
+)
+
+// The namespace 1 counter nodes (all Int64, string ids).
+const (
+	NodeReads             = "Counter.Reads"             // Read operations (ReadValueIds) answered
+	NodeReadRequests      = "Counter.ReadRequests"      // Read requests answered
+	NodeRequests          = "Counter.Requests"          // service requests received
+	NodeRejected          = "Counter.Rejected"          // requests answered with a Bad service result
+	NodeTimeouts          = "Counter.Timeouts"          // requests answered BadTimeout (TimeoutHint)
+	NodeSessions          = "Counter.Sessions"          // current sessions
+	NodeSessionsCumulated = "Counter.SessionsCumulated" // sessions created since start
+	NodeChannels          = "Counter.Channels"          // current secure channels
+	NodeChannelsCumulated = "Counter.ChannelsCumulated" // secure channels opened since start
+)
+
+// read serves a Read request.
+func (s *Server) read(ctx context.Context, r *ua.ReadRequest) ua.Response {
+	switch {
+	case len(r.NodesToRead) == 0:
+		return s.fault(r, ua.StatusBadNothingToDo)
+	case len(r.NodesToRead) > MaxNodesPerRead:
+		return s.fault(r, ua.StatusBadTooManyOperations)
+	case r.TimestampsToReturn > ua.TimestampsToReturnNeither:
+		return s.fault(r, ua.StatusBadTimestampsToReturnInvalid)
+	}
+	results := make([]*ua.DataValue, len(r.NodesToRead))
+	for i, rv := range r.NodesToRead {
+		dv, err := s.readValue(ctx, rv, r.TimestampsToReturn)
+		if err != nil {
+			code := ctxStatus(err)
+			if code == ua.StatusBadTimeout {
+				s.stats.timeouts.Add(1)
+			}
+			return s.fault(r, code)
+		}
+		results[i] = dv
+	}
+	s.stats.readRequests.Add(1)
+	s.stats.reads.Add(int64(len(results)))
+	return &ua.ReadResponse{ResponseHeader: respHeader(r, ua.StatusOK), Results: results}
+}
+
+// readValue reads one attribute. It fails only when ctx ends during a Slow or
+// Busy node; other problems are per-value status codes.
+func (s *Server) readValue(ctx context.Context, rv *ua.ReadValueID, ts ua.TimestampsToReturn) (*ua.DataValue, error) {
+	if rv == nil || rv.NodeID == nil {
+		return &ua.DataValue{EncodingMask: ua.DataValueStatusCode, Status: ua.StatusBadNodeIDUnknown}, nil
+	}
+	v, ok, err := s.value(ctx, rv.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case !ok:
+		return &ua.DataValue{EncodingMask: ua.DataValueStatusCode, Status: ua.StatusBadNodeIDUnknown}, nil
+	case rv.AttributeID != ua.AttributeIDValue:
+		return &ua.DataValue{EncodingMask: ua.DataValueStatusCode, Status: ua.StatusBadAttributeIDInvalid}, nil
+	}
+	variant, err := ua.NewVariant(v)
+	if err != nil {
+		s.log.Error("cannot encode node value", "node", rv.NodeID.String(), "err", err)
+		return &ua.DataValue{EncodingMask: ua.DataValueStatusCode, Status: ua.StatusBadInternalError}, nil
+	}
+	dv := &ua.DataValue{EncodingMask: ua.DataValueValue, Value: variant}
+	now := time.Now()
+	if ts == ua.TimestampsToReturnSource || ts == ua.TimestampsToReturnBoth {
+		dv.EncodingMask |= ua.DataValueSourceTimestamp
+		dv.SourceTimestamp = now
+	}
+	if ts == ua.TimestampsToReturnServer || ts == ua.TimestampsToReturnBoth {
+		dv.EncodingMask |= ua.DataValueServerTimestamp
+		dv.ServerTimestamp = now
+	}
+	return dv, nil
+}
+
+// value returns the value of a node; ok is false for unknown nodes.
+func (s *Server) value(ctx context.Context, n *ua.NodeID) (v any, ok bool, err error) {
+	switch n.Namespace() {
+	case 0:
+		if n.Type() != ua.NodeIDTypeTwoByte && n.Type() != ua.NodeIDTypeFourByte && n.Type() != ua.NodeIDTypeNumeric {
+			return nil, false, nil
+		}
+		v, ok = s.standardValue(n.IntID())
+		return v, ok, nil
+	case 1:
+		if n.Type() != ua.NodeIDTypeString {
+			return nil, false, nil
+		}
+		return s.ownValue(ctx, n.StringID())
+	}
+	return nil, false, nil
+}
+
+func (s *Server) buildInfo() *ua.BuildInfo {
+	return &ua.BuildInfo{
+		ProductURI:       ProductURI,
+		ManufacturerName: "opcua-chaos",
+		ProductName:      ProductName,
+		SoftwareVersion:  "0.2.0",
+		BuildDate:        s.start,
+	}
+}
+
+func (s *Server) standardValue(i uint32) (any, bool) {
+	now := time.Now()
+	c := s.sessions.Counts()
+	rejected := uint32(s.stats.rejectedRequests.Load())
+	switch i {
+	case id.Server_NamespaceArray:
+		return []string{"http://opcfoundation.org/UA/", NamespaceURI}, true
+	case id.Server_ServerArray:
+		return []string{ApplicationURI}, true
+	case id.Server_ServerStatus:
+		return ua.NewExtensionObject(&ua.ServerStatusDataType{
+			StartTime:      s.start,
+			CurrentTime:    now,
+			State:          ua.ServerStateRunning,
+			BuildInfo:      s.buildInfo(),
+			ShutdownReason: &ua.LocalizedText{},
+		}), true
+	case id.Server_ServerStatus_StartTime:
+		return s.start, true
+	case id.Server_ServerStatus_CurrentTime:
+		return now, true
+	case id.Server_ServerStatus_State:
+		return int32(ua.ServerStateRunning), true
+	case id.Server_ServerStatus_BuildInfo:
+		return ua.NewExtensionObject(s.buildInfo()), true
+	case id.Server_ServerStatus_SecondsTillShutdown:
+		return uint32(0), true
+	case id.Server_ServerStatus_ShutdownReason:
+		return &ua.LocalizedText{}, true
+	case id.Server_ServerDiagnostics_EnabledFlag:
+		return true, true
+	case id.Server_ServerDiagnostics_ServerDiagnosticsSummary:
+		return ua.NewExtensionObject(&ua.ServerDiagnosticsSummaryDataType{
+			CurrentSessionCount:          uint32(c.Current),
+			CumulatedSessionCount:        uint32(c.Cumulated),
+			SecurityRejectedSessionCount: uint32(s.stats.securityRejected.Load()),
+			RejectedSessionCount:         uint32(c.Rejected),
+			SessionTimeoutCount:          uint32(c.Timeouts),
+			RejectedRequestsCount:        rejected,
+		}), true
+	case id.Server_ServerDiagnostics_ServerDiagnosticsSummary_ServerViewCount,
+		id.Server_ServerDiagnostics_ServerDiagnosticsSummary_SessionAbortCount,
+		id.Server_ServerDiagnostics_ServerDiagnosticsSummary_PublishingIntervalCount,
+		id.Server_ServerDiagnostics_ServerDiagnosticsSummary_CurrentSubscriptionCount,
+		id.Server_ServerDiagnostics_ServerDiagnosticsSummary_CumulatedSubscriptionCount,
+		id.Server_ServerDiagnostics_ServerDiagnosticsSummary_SecurityRejectedRequestsCount:
+		return uint32(0), true
+	case id.Server_ServerDiagnostics_ServerDiagnosticsSummary_CurrentSessionCount:
+		return uint32(c.Current), true
+	case id.Server_ServerDiagnostics_ServerDiagnosticsSummary_CumulatedSessionCount:
+		return uint32(c.Cumulated), true
+	case id.Server_ServerDiagnostics_ServerDiagnosticsSummary_SecurityRejectedSessionCount:
+		return uint32(s.stats.securityRejected.Load()), true
+	case id.Server_ServerDiagnostics_ServerDiagnosticsSummary_RejectedSessionCount:
+		return uint32(c.Rejected), true
+	case id.Server_ServerDiagnostics_ServerDiagnosticsSummary_SessionTimeoutCount:
+		return uint32(c.Timeouts), true
+	case id.Server_ServerDiagnostics_ServerDiagnosticsSummary_RejectedRequestsCount:
+		return rejected, true
+	}
+	return nil, false
+}
+
+// ownValue serves namespace 1.
+func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
+	if rest, ok := strings.CutPrefix(name, "Slow."); ok {
+		ms, err := strconv.Atoi(rest)
+		if err != nil || ms < 0 || ms > MaxSlowMillis {
+			return nil, false, nil
+		}
+		if err := sleep(ctx, time.Duration(ms)*time.Millisecond); err != nil {
+			return nil, false, err
+		}
+		return int64(ms), true, nil
+	}
+	if rest, ok := strings.CutPrefix(name, "Busy."); ok {
+		us, err := strconv.Atoi(rest)
+		if err != nil || us < 0 || us > MaxBusyMicros {
+			return nil, false, nil
+		}
+		if err := spin(ctx, time.Duration(us)*time.Microsecond); err != nil {
+			return nil, false, err
+		}
+		return int64(us), true, nil
+	}
+	c := s.sessions.Counts()
+	switch name {
+	case NodeReads:
+		return s.stats.reads.Load(), true, nil
+	case NodeReadRequests:
+		return s.stats.readRequests.Load(), true, nil
+	case NodeRequests:
+		return s.stats.requests.Load(), true, nil
+	case NodeRejected:
+		return s.stats.rejectedRequests.Load(), true, nil
+	case NodeTimeouts:
+		return s.stats.timeouts.Load(), true, nil
+	case NodeSessions:
+		return int64(c.Current), true, nil
+	case NodeSessionsCumulated:
+		return c.Cumulated, true, nil
+	case NodeChannels:
+		return s.stats.channels.Load(), true, nil
+	case NodeChannelsCumulated:
+		return s.stats.channelsCumulated.Load(), true, nil
+	}
+	return nil, false, nil
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// spin burns CPU for d of wall time, spinning on the monotonic clock, and
+// stops early when ctx ends.
+func spin(ctx context.Context, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for i := 0; time.Now().Before(deadline); i++ {
+		if i&1023 == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return ctx.Err()
+}

@@ -1,0 +1,325 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"errors"
+	"time"
+
+	"github.com/gopcua/opcua/ua"
+
+	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
+	"github.com/opcua-chaos/opcua-chaos/server/internal/session"
+)
+
+// Identity of the server in discovery responses.
+const (
+	ApplicationURI = "urn:opcua-chaos:refserver"
+	ProductURI     = "https://github.com/opcua-chaos/opcua-chaos"
+	ProductName    = "opcua-chaos reference server"
+	transportUABin = "http://opcfoundation.org/UA-Profile/Transport/uatcp-uasc-uabinary"
+)
+
+// Token policy ids advertised in the endpoints.
+const (
+	PolicyAnonymous = "anonymous"
+	PolicyUserName  = "username"
+)
+
+// job is one admitted service request waiting to run.
+type job struct {
+	conn     *conn
+	ch       *channel.Channel
+	sess     *session.Session
+	reqID    uint32
+	req      ua.Request
+	owner    string
+	received time.Time
+}
+
+func respHeader(req ua.Request, code ua.StatusCode) *ua.ResponseHeader {
+	var handle uint32
+	if h := req.Header(); h != nil {
+		handle = h.RequestHandle
+	}
+	return &ua.ResponseHeader{
+		Timestamp:          time.Now(),
+		RequestHandle:      handle,
+		ServiceResult:      code,
+		ServiceDiagnostics: &ua.DiagnosticInfo{},
+		AdditionalHeader:   ua.NewExtensionObject(nil),
+	}
+}
+
+func (s *Server) fault(req ua.Request, code ua.StatusCode) ua.Response {
+	s.stats.rejectedRequests.Add(1)
+	return &ua.ServiceFault{ResponseHeader: respHeader(req, code)}
+}
+
+// handle runs on the channel's reader goroutine. Cheap session and discovery
+// services are answered at once; Read goes to the dispatcher.
+func (s *Server) handle(cn *conn, ch *channel.Channel, msg channel.Message) {
+	s.stats.requests.Add(1)
+	now := time.Now()
+	req := msg.Request
+	if msg.Err != nil || req == nil {
+		s.log.Debug("undecodable request", "channel", cn.id, "err", msg.Err)
+		s.stats.rejectedRequests.Add(1)
+		ch.Respond(msg.RequestID, &ua.ServiceFault{ResponseHeader: &ua.ResponseHeader{
+			Timestamp:          now,
+			ServiceResult:      ua.StatusBadDecodingError,
+			ServiceDiagnostics: &ua.DiagnosticInfo{},
+			AdditionalHeader:   ua.NewExtensionObject(nil),
+		}})
+		return
+	}
+	hdr := req.Header()
+	if hdr == nil {
+		ch.Respond(msg.RequestID, s.fault(req, ua.StatusBadDecodingError))
+		return
+	}
+	var resp ua.Response
+	switch r := req.(type) {
+	case *ua.GetEndpointsRequest:
+		resp = &ua.GetEndpointsResponse{
+			ResponseHeader: respHeader(r, ua.StatusOK),
+			Endpoints:      s.endpoints(s.endpointURL(cn, r.EndpointURL)),
+		}
+	case *ua.FindServersRequest:
+		resp = &ua.FindServersResponse{
+			ResponseHeader: respHeader(r, ua.StatusOK),
+			Servers:        []*ua.ApplicationDescription{s.application(s.endpointURL(cn, r.EndpointURL))},
+		}
+	case *ua.CreateSessionRequest:
+		resp = s.createSession(cn, r, now)
+	case *ua.ActivateSessionRequest:
+		resp = s.activateSession(cn, r, now)
+	case *ua.CloseSessionRequest:
+		resp = s.closeSession(cn, r, now)
+	case *ua.CancelRequest:
+		resp = s.cancel(cn, r, now)
+	case *ua.ReadRequest:
+		sess, code := s.checkSession(cn, hdr, now)
+		if code != ua.StatusOK {
+			resp = s.fault(r, code)
+			break
+		}
+		s.dispatch(&job{
+			conn:     cn,
+			ch:       ch,
+			sess:     sess,
+			reqID:    msg.RequestID,
+			req:      r,
+			owner:    s.owner(cn, sess),
+			received: now,
+		})
+		return
+	default:
+		resp = s.fault(req, ua.StatusBadServiceUnsupported)
+	}
+	ch.Respond(msg.RequestID, resp)
+}
+
+// owner classifies a request the way the .NET server does: the session's
+// user name, else the peer IP (there are no signed channels here).
+func (s *Server) owner(cn *conn, sess *session.Session) string {
+	if sess != nil {
+		if _, user, _ := sess.State(); user != "" {
+			return user
+		}
+	}
+	return cn.remoteIP
+}
+
+// checkSession validates the authentication token of a session service call.
+func (s *Server) checkSession(cn *conn, hdr *ua.RequestHeader, now time.Time) (*session.Session, ua.StatusCode) {
+	sess := s.sessions.Lookup(hdr.AuthenticationToken)
+	if sess == nil {
+		return nil, ua.StatusBadSessionIDInvalid
+	}
+	activated, _, chID := sess.State()
+	if !activated {
+		return nil, ua.StatusBadSessionNotActivated
+	}
+	if chID != cn.id {
+		return nil, ua.StatusBadSecureChannelIDInvalid
+	}
+	sess.Touch(now)
+	return sess, ua.StatusOK
+}
+
+// dispatch runs an admitted request. v0: one goroutine per request.
+func (s *Server) dispatch(j *job) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.run(j)
+	}()
+}
+
+// run executes a job and queues its response.
+func (s *Server) run(j *job) {
+	ctx := j.conn.ctx
+	if hint := j.req.Header().TimeoutHint; hint > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, j.received.Add(time.Duration(hint)*time.Millisecond))
+		defer cancel()
+	}
+	var resp ua.Response
+	switch r := j.req.(type) {
+	case *ua.ReadRequest:
+		resp = s.read(ctx, r)
+	default:
+		resp = s.fault(r, ua.StatusBadServiceUnsupported)
+	}
+	j.ch.Respond(j.reqID, resp)
+}
+
+// ctxStatus maps a context error to the service result of the request.
+func ctxStatus(err error) ua.StatusCode {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return ua.StatusBadTimeout
+	}
+	return ua.StatusBadShutdown
+}
+
+func (s *Server) endpointURL(cn *conn, requested string) string {
+	switch {
+	case requested != "":
+		return requested
+	case cn.endpointURL != "":
+		return cn.endpointURL
+	default:
+		return "opc.tcp://" + cn.localAddr
+	}
+}
+
+func (s *Server) application(url string) *ua.ApplicationDescription {
+	return &ua.ApplicationDescription{
+		ApplicationURI:  ApplicationURI,
+		ProductURI:      ProductURI,
+		ApplicationName: &ua.LocalizedText{EncodingMask: ua.LocalizedTextText, Text: ProductName},
+		ApplicationType: ua.ApplicationTypeServer,
+		DiscoveryURLs:   []string{url},
+	}
+}
+
+// endpoints advertises url (the URL the client used, so clients behind a
+// proxy keep using the proxy) with SecurityPolicy None.
+func (s *Server) endpoints(url string) []*ua.EndpointDescription {
+	var tokens []*ua.UserTokenPolicy
+	if !s.cfg.NoAnonymous {
+		tokens = append(tokens, &ua.UserTokenPolicy{
+			PolicyID:          PolicyAnonymous,
+			TokenType:         ua.UserTokenTypeAnonymous,
+			SecurityPolicyURI: ua.SecurityPolicyURINone,
+		})
+	}
+	tokens = append(tokens, &ua.UserTokenPolicy{
+		PolicyID:          PolicyUserName,
+		TokenType:         ua.UserTokenTypeUserName,
+		SecurityPolicyURI: ua.SecurityPolicyURINone,
+	})
+	return []*ua.EndpointDescription{{
+		EndpointURL:         url,
+		Server:              s.application(url),
+		SecurityMode:        ua.MessageSecurityModeNone,
+		SecurityPolicyURI:   ua.SecurityPolicyURINone,
+		UserIdentityTokens:  tokens,
+		TransportProfileURI: transportUABin,
+	}}
+}
+
+func nonce() []byte {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return b
+}
+
+func (s *Server) createSession(cn *conn, r *ua.CreateSessionRequest, now time.Time) ua.Response {
+	timeout := time.Duration(r.RequestedSessionTimeout * float64(time.Millisecond))
+	sess := s.sessions.Create(r.SessionName, timeout, now)
+	if sess == nil {
+		return s.fault(r, ua.StatusBadTooManySessions)
+	}
+	s.log.Debug("session created", "session", sess.ID.String(), "name", sess.Name, "timeout", sess.Timeout, "channel", cn.id)
+	return &ua.CreateSessionResponse{
+		ResponseHeader:        respHeader(r, ua.StatusOK),
+		SessionID:             sess.ID,
+		AuthenticationToken:   sess.Token,
+		RevisedSessionTimeout: float64(sess.Timeout / time.Millisecond),
+		ServerNonce:           nonce(),
+		ServerEndpoints:       s.endpoints(s.endpointURL(cn, r.EndpointURL)),
+		ServerSignature:       &ua.SignatureData{},
+	}
+}
+
+func (s *Server) activateSession(cn *conn, r *ua.ActivateSessionRequest, now time.Time) ua.Response {
+	sess := s.sessions.Lookup(r.RequestHeader.AuthenticationToken)
+	if sess == nil {
+		return s.fault(r, ua.StatusBadSessionIDInvalid)
+	}
+	sess.Touch(now)
+	user, code := s.authenticate(r.UserIdentityToken)
+	if code != ua.StatusOK {
+		s.stats.securityRejected.Add(1)
+		s.log.Info("activation rejected", "session", sess.ID.String(), "status", code)
+		return s.fault(r, code)
+	}
+	sess.Activate(user, cn.id)
+	return &ua.ActivateSessionResponse{
+		ResponseHeader: respHeader(r, ua.StatusOK),
+		ServerNonce:    nonce(),
+	}
+}
+
+// authenticate checks an identity token; it returns the user name ("" for
+// anonymous).
+func (s *Server) authenticate(eo *ua.ExtensionObject) (string, ua.StatusCode) {
+	var tok any
+	if eo != nil {
+		tok = eo.Value
+	}
+	switch t := tok.(type) {
+	case nil, *ua.AnonymousIdentityToken:
+		if s.cfg.NoAnonymous {
+			return "", ua.StatusBadIdentityTokenRejected
+		}
+		return "", ua.StatusOK
+	case *ua.UserNameIdentityToken:
+		if t.EncryptionAlgorithm != "" {
+			return "", ua.StatusBadIdentityTokenInvalid
+		}
+		want, ok := s.cfg.Users[t.UserName]
+		if !ok || subtle.ConstantTimeCompare([]byte(want), t.Password) != 1 {
+			return "", ua.StatusBadUserAccessDenied
+		}
+		return t.UserName, ua.StatusOK
+	default:
+		return "", ua.StatusBadIdentityTokenInvalid
+	}
+}
+
+func (s *Server) closeSession(cn *conn, r *ua.CloseSessionRequest, _ time.Time) ua.Response {
+	// An unactivated session may be closed too (e.g. after a failed activation).
+	if sess := s.sessions.Lookup(r.RequestHeader.AuthenticationToken); sess != nil {
+		if activated, _, chID := sess.State(); activated && chID != cn.id {
+			return s.fault(r, ua.StatusBadSecureChannelIDInvalid)
+		}
+	}
+	sess, ok := s.sessions.Close(r.RequestHeader.AuthenticationToken)
+	if !ok {
+		return s.fault(r, ua.StatusBadSessionIDInvalid)
+	}
+	s.log.Debug("session closed", "session", sess.ID.String(), "name", sess.Name)
+	return &ua.CloseSessionResponse{ResponseHeader: respHeader(r, ua.StatusOK)}
+}
+
+func (s *Server) cancel(cn *conn, r *ua.CancelRequest, now time.Time) ua.Response {
+	if _, code := s.checkSession(cn, r.RequestHeader, now); code != ua.StatusOK {
+		return s.fault(r, code)
+	}
+	// v0 has no queue: every request runs at once, so there is nothing to cancel.
+	return &ua.CancelResponse{ResponseHeader: respHeader(r, ua.StatusOK)}
+}

@@ -1,0 +1,122 @@
+// Package toxics names the network and resource conditions the suites run
+// under. A Condition is data only: a set of Toxiproxy toxics and an optional
+// CPU limit for the server container. The fixtures apply them (see
+// fixtures/env), so the same names appear in spec text, labels, histories and
+// summary rows.
+package toxics
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Stream directions, as Toxiproxy names them.
+const (
+	// Upstream is client → server.
+	Upstream = "upstream"
+	// Downstream is server → client.
+	Downstream = "downstream"
+)
+
+// Toxic is one Toxiproxy toxic to add to the target's proxy.
+type Toxic struct {
+	// Name is unique within a proxy; it is how the toxic is removed.
+	Name string
+	// Type is a Toxiproxy toxic type: latency, bandwidth, slow_close,
+	// timeout, reset_peer, slicer, limit_data.
+	Type string
+	// Stream is Upstream or Downstream.
+	Stream string
+	// Attributes are the toxic's parameters (e.g. latency, jitter in ms).
+	Attributes map[string]any
+}
+
+// Condition is a named set of toxics plus an optional CPU limit.
+type Condition struct {
+	// Name is the condition's stable identifier, e.g. "latency+cpu".
+	Name string
+	// Toxics are added to the target proxy while the condition holds.
+	Toxics []Toxic
+	// NanoCPUs limits the server container's CPU (1e9 = one CPU) while the
+	// condition holds; 0 leaves the limit alone.
+	NanoCPUs int64
+}
+
+// String returns the condition's name.
+func (c Condition) String() string { return c.Name }
+
+// Latency returns a toxic that delays one direction by ms ± jitter ms.
+func Latency(stream string, ms, jitter int) Toxic {
+	return Toxic{
+		Name:       fmt.Sprintf("latency_%s", stream),
+		Type:       "latency",
+		Stream:     stream,
+		Attributes: map[string]any{"latency": ms, "jitter": jitter},
+	}
+}
+
+// Bandwidth returns a toxic that limits one direction to kbps KB/s.
+func Bandwidth(stream string, kbps int) Toxic {
+	return Toxic{
+		Name:       fmt.Sprintf("bandwidth_%s", stream),
+		Type:       "bandwidth",
+		Stream:     stream,
+		Attributes: map[string]any{"rate": kbps},
+	}
+}
+
+// ResetPeer returns a toxic that resets connections (TCP RST) after
+// timeoutMS milliseconds of data (0: at once).
+func ResetPeer(stream string, timeoutMS int) Toxic {
+	return Toxic{
+		Name:       fmt.Sprintf("reset_peer_%s", stream),
+		Type:       "reset_peer",
+		Stream:     stream,
+		Attributes: map[string]any{"timeout": timeoutMS},
+	}
+}
+
+// Timeout returns a toxic that stops all data and closes the connection
+// after timeoutMS milliseconds (0: holds data until the toxic is removed).
+func Timeout(stream string, timeoutMS int) Toxic {
+	return Toxic{
+		Name:       fmt.Sprintf("timeout_%s", stream),
+		Type:       "timeout",
+		Stream:     stream,
+		Attributes: map[string]any{"timeout": timeoutMS},
+	}
+}
+
+// The named conditions of the CI profile.
+var (
+	// Baseline injects nothing.
+	Baseline = Condition{Name: "baseline"}
+	// LatencyJitter delays both directions by 20 ± 5 ms.
+	LatencyJitter = Condition{Name: "latency", Toxics: []Toxic{
+		Latency(Upstream, 20, 5), Latency(Downstream, 20, 5),
+	}}
+	// HalfCPU limits the server container to 0.5 CPU.
+	HalfCPU = Condition{Name: "cpu", NanoCPUs: 500_000_000}
+	// LatencyHalfCPU combines LatencyJitter and HalfCPU.
+	LatencyHalfCPU = Condition{Name: "latency+cpu", Toxics: LatencyJitter.Toxics, NanoCPUs: HalfCPU.NanoCPUs}
+)
+
+// CI returns the conditions every property spec runs under in the CI profile.
+func CI() []Condition {
+	return []Condition{Baseline, LatencyJitter, HalfCPU, LatencyHalfCPU}
+}
+
+// Lookup returns the named condition of the CI profile, or an error naming
+// the known ones.
+func Lookup(name string) (Condition, error) {
+	known := make([]string, 0, 4)
+	for _, c := range CI() {
+		if c.Name == name {
+			return c, nil
+		}
+		known = append(known, c.Name)
+	}
+	sort.Strings(known)
+	return Condition{}, fmt.Errorf("unknown condition %q (known: %s)", name, strings.Join(known, ", "))
+}
