@@ -31,7 +31,31 @@ const (
 	NodeSessionsCumulated = "Counter.SessionsCumulated" // sessions created since start
 	NodeChannels          = "Counter.Channels"          // current secure channels
 	NodeChannelsCumulated = "Counter.ChannelsCumulated" // secure channels opened since start
+	NodeTooBusy           = "Counter.TooBusy"           // requests refused BadServerTooBusy
+	NodeCancelled         = "Counter.Cancelled"         // queued requests cancelled by the Cancel service
+
+	NodeQueueDepth          = "Queue.Depth"          // requests queued now
+	NodeQueueSlots          = "Queue.Slots"          // queue slots held now (Depth plus leaked slots)
+	NodeQueueLimit          = "Queue.Limit"          // total queue bound
+	NodeQueueOwnerLimit     = "Queue.OwnerLimit"     // per-owner ceiling
+	NodeQueueEnqueued       = "Queue.Enqueued"       // requests admitted to the queue
+	NodeQueueDispatched     = "Queue.Dispatched"     // requests taken by workers
+	NodeQueueRejected       = "Queue.Rejected"       // requests refused (queue or owner share full)
+	NodeQueueCancelled      = "Queue.Cancelled"      // queued requests cancelled (Cancel, CloseSession, lost channel, stop)
+	NodeQueueWorkers        = "Queue.Workers"        // worker pool size
+	NodeQueueWorkersBusy    = "Queue.WorkersBusy"    // workers running a request now
+	NodeQueueWorkersWaiting = "Queue.WorkersWaiting" // workers parked for work now
+
+	NodeBackpressurePauses = "Channel.BackpressurePauses"  // times a channel stopped reading
+	NodeMaxPending         = "Channel.MaxPendingResponses" // most responses pending on one channel
+	NodePending            = "Channel.PendingResponses"    // responses pending now, all channels
 )
+
+// OwnerNode returns the id string of a per-owner counter node:
+// Owner.<owner>.<counter> with counter one of Queued, Slots, Enqueued,
+// Dispatched, Rejected, Cancelled, Weight (e.g. ns=1;s=Owner.heavy.Dispatched).
+// Owners are user names, or peer IPs for anonymous sessions.
+func OwnerNode(owner, counter string) string { return "Owner." + owner + "." + counter }
 
 // read serves a Read request.
 func (s *Server) read(ctx context.Context, r *ua.ReadRequest) ua.Response {
@@ -207,8 +231,76 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 		}
 		return int64(us), true, nil
 	}
+	if rest, ok := strings.CutPrefix(name, "Owner."); ok {
+		i := strings.LastIndexByte(rest, '.')
+		if i <= 0 {
+			return nil, false, nil
+		}
+		o, _ := s.queue.Owner(rest[:i])
+		switch rest[i+1:] {
+		case "Queued":
+			return int64(o.Queued), true, nil
+		case "Slots":
+			return int64(o.Charged), true, nil
+		case "Enqueued":
+			return o.Enqueued, true, nil
+		case "Dispatched":
+			return o.Dispatched, true, nil
+		case "Rejected":
+			return o.Rejected, true, nil
+		case "Cancelled":
+			return o.Cancelled, true, nil
+		case "Weight":
+			return int64(o.Weight), true, nil
+		}
+		return nil, false, nil
+	}
+	if strings.HasPrefix(name, "Queue.") {
+		q := s.queue.Stats()
+		switch name {
+		case NodeQueueDepth:
+			return int64(q.Queued), true, nil
+		case NodeQueueSlots:
+			return int64(q.Charged), true, nil
+		case NodeQueueLimit:
+			return int64(q.Limit), true, nil
+		case NodeQueueOwnerLimit:
+			return int64(q.OwnerLimit), true, nil
+		case NodeQueueEnqueued:
+			return q.Enqueued, true, nil
+		case NodeQueueDispatched:
+			return q.Dispatched, true, nil
+		case NodeQueueRejected:
+			return q.Rejected, true, nil
+		case NodeQueueCancelled:
+			return q.Cancelled, true, nil
+		case NodeQueueWorkers:
+			return int64(s.workers()), true, nil
+		case NodeQueueWorkersBusy:
+			return s.busyWorkers.Load(), true, nil
+		case NodeQueueWorkersWaiting:
+			return int64(q.Waiting), true, nil
+		}
+		return nil, false, nil
+	}
+	if strings.HasPrefix(name, "Channel.") {
+		pauses, maxPending, pending := s.chans.totals()
+		switch name {
+		case NodeBackpressurePauses:
+			return pauses, true, nil
+		case NodeMaxPending:
+			return int64(maxPending), true, nil
+		case NodePending:
+			return int64(pending), true, nil
+		}
+		return nil, false, nil
+	}
 	c := s.sessions.Counts()
 	switch name {
+	case NodeTooBusy:
+		return s.stats.tooBusy.Load(), true, nil
+	case NodeCancelled:
+		return s.stats.cancelled.Load(), true, nil
 	case NodeReads:
 		return s.stats.reads.Load(), true, nil
 	case NodeReadRequests:

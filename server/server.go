@@ -9,11 +9,16 @@ import (
 	"log/slog"
 	"net"
 	"runtime"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/gopcua/opcua/ua"
+
 	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
+	"github.com/opcua-chaos/opcua-chaos/server/internal/fairqueue"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/session"
 )
 
@@ -35,7 +40,13 @@ type Server struct {
 	nextChannelID atomic.Uint32
 	nextTokenID   atomic.Uint32
 
-	stats stats
+	stats       stats
+	queue       *fairqueue.Queue[*job]
+	busyWorkers atomic.Int64
+	chans       chanStats
+
+	connsMu sync.Mutex
+	conns   map[*conn]struct{} // live secure channels
 
 	addrMu sync.Mutex
 	addr   net.Addr
@@ -51,6 +62,8 @@ type stats struct {
 	rejectedRequests  atomic.Int64 // requests answered with a Bad service result
 	securityRejected  atomic.Int64 // ActivateSession with a bad identity
 	timeouts          atomic.Int64 // requests answered BadTimeout
+	tooBusy           atomic.Int64 // requests refused BadServerTooBusy
+	cancelled         atomic.Int64 // queued requests cancelled by the Cancel service
 	channels          atomic.Int64 // current secure channels
 	channelsCumulated atomic.Int64
 }
@@ -107,6 +120,9 @@ func New(cfg Config) (*Server, error) {
 			MaxSessions: cfg.MaxSessions,
 		}),
 		start: time.Now(),
+		queue: newQueue(cfg),
+		chans: chanStats{live: map[*channel.Channel]struct{}{}},
+		conns: map[*conn]struct{}{},
 	}
 	var seed [8]byte
 	_, _ = rand.Read(seed[:])
@@ -145,7 +161,8 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 
 	s.log.Info("starting",
 		"faults", s.cfg.Faults.String(),
-		"workers", s.cfg.Workers,
+		"workers", s.workers(),
+		"weights", weightsString(s.cfg.OwnerWeights),
 		"queue", s.cfg.QueueSize,
 		"owner_queue", s.cfg.OwnerQueueSize,
 		"backpressure_high", s.cfg.HighMark,
@@ -154,6 +171,10 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		"anonymous", !s.cfg.NoAnonymous)
 	s.log.Info(ReadyMessage, "listen", l.Addr().String())
 
+	var workers sync.WaitGroup
+	for range s.workers() {
+		workers.Go(s.work)
+	}
 	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
@@ -187,7 +208,11 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			s.serveConn(ctx, c)
 		}()
 	}
+	// Queued requests are answered BadServerHalted; running ones see their
+	// channel's context end.
+	s.haltQueued()
 	cancel()
+	workers.Wait()
 	s.wg.Wait()
 	s.sessions.CloseAll()
 	s.log.Info("stopped")
@@ -217,6 +242,7 @@ type conn struct {
 	endpointURL string
 	localAddr   string
 	ctx         context.Context // cancelled when the channel is gone
+	queued      queued          // its requests in the fair queue
 }
 
 func (s *Server) serveConn(ctx context.Context, c net.Conn) {
@@ -239,6 +265,7 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	cn := &conn{id: id, remoteIP: host, endpointURL: t.EndpointURL, localAddr: local, ctx: ctx}
+	cn.queued.jobs = make(map[*job]struct{})
 
 	s.stats.channels.Add(1)
 	s.stats.channelsCumulated.Add(1)
@@ -252,8 +279,78 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 		FaultOnOverflow: s.cfg.Faults.Has(FaultFaultOnOverflow),
 		Logger:          s.log.With("channel", id),
 	})
+	s.chans.add(ch)
+	s.connsMu.Lock()
+	s.conns[cn] = struct{}{}
+	s.connsMu.Unlock()
+	defer func() {
+		s.connsMu.Lock()
+		delete(s.conns, cn)
+		s.connsMu.Unlock()
+	}()
 	err = ch.Run(ctx, func(ch *channel.Channel, msg channel.Message) {
 		s.handle(cn, ch, msg)
 	})
-	s.log.Debug("channel closed", "channel", id, "remote", remote, "err", err)
+	cancel()
+	// A lost connection cancels its queued requests: their slots return now.
+	n := s.cancelQueued(cn, func(*job) bool { return true }, ua.StatusBadSecureChannelClosed)
+	s.chans.remove(ch)
+	s.log.Debug("channel closed", "channel", id, "remote", remote, "err", err, "cancelled", n)
+}
+
+// chanStats aggregates the backpressure counters of all channels.
+type chanStats struct {
+	mu         sync.Mutex
+	live       map[*channel.Channel]struct{}
+	pauses     int64 // of closed channels
+	maxPending int   // of closed channels
+}
+
+func (c *chanStats) add(ch *channel.Channel) {
+	c.mu.Lock()
+	c.live[ch] = struct{}{}
+	c.mu.Unlock()
+}
+
+func (c *chanStats) remove(ch *channel.Channel) {
+	st := ch.Stats()
+	c.mu.Lock()
+	delete(c.live, ch)
+	c.pauses += st.Pauses
+	c.maxPending = max(c.maxPending, st.MaxPending)
+	c.mu.Unlock()
+}
+
+// totals returns backpressure pauses, the highest pending count seen on any
+// channel, and the responses pending now.
+func (c *chanStats) totals() (pauses int64, maxPending, pending int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pauses, maxPending = c.pauses, c.maxPending
+	for ch := range c.live {
+		st := ch.Stats()
+		pauses += st.Pauses
+		maxPending = max(maxPending, st.MaxPending)
+		pending += st.Pending
+	}
+	return pauses, maxPending, pending
+}
+
+func weightsString(w map[string]int) string {
+	if len(w) == 0 {
+		return "none"
+	}
+	names := make([]string, 0, len(w))
+	for n := range w {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for i, n := range names {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%s:%d", n, w[n])
+	}
+	return b.String()
 }

@@ -27,17 +27,6 @@ const (
 	PolicyUserName  = "username"
 )
 
-// job is one admitted service request waiting to run.
-type job struct {
-	conn     *conn
-	ch       *channel.Channel
-	sess     *session.Session
-	reqID    uint32
-	req      ua.Request
-	owner    string
-	received time.Time
-}
-
 func respHeader(req ua.Request, code ua.StatusCode) *ua.ResponseHeader {
 	var handle uint32
 	if h := req.Header(); h != nil {
@@ -105,12 +94,13 @@ func (s *Server) handle(cn *conn, ch *channel.Channel, msg channel.Message) {
 			resp = s.fault(r, code)
 			break
 		}
-		s.dispatch(&job{
+		s.admit(&job{
 			conn:     cn,
 			ch:       ch,
 			sess:     sess,
 			reqID:    msg.RequestID,
 			req:      r,
+			handle:   hdr.RequestHandle,
 			owner:    s.owner(cn, sess),
 			received: now,
 		})
@@ -147,33 +137,6 @@ func (s *Server) checkSession(cn *conn, hdr *ua.RequestHeader, now time.Time) (*
 	}
 	sess.Touch(now)
 	return sess, ua.StatusOK
-}
-
-// dispatch runs an admitted request. v0: one goroutine per request.
-func (s *Server) dispatch(j *job) {
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.run(j)
-	}()
-}
-
-// run executes a job and queues its response.
-func (s *Server) run(j *job) {
-	ctx := j.conn.ctx
-	if hint := j.req.Header().TimeoutHint; hint > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, j.received.Add(time.Duration(hint)*time.Millisecond))
-		defer cancel()
-	}
-	var resp ua.Response
-	switch r := j.req.(type) {
-	case *ua.ReadRequest:
-		resp = s.read(ctx, r)
-	default:
-		resp = s.fault(r, ua.StatusBadServiceUnsupported)
-	}
-	j.ch.Respond(j.reqID, resp)
 }
 
 // ctxStatus maps a context error to the service result of the request.
@@ -312,14 +275,23 @@ func (s *Server) closeSession(cn *conn, r *ua.CloseSessionRequest, _ time.Time) 
 	if !ok {
 		return s.fault(r, ua.StatusBadSessionIDInvalid)
 	}
+	// The session's queued requests will not run.
+	s.cancelQueued(cn, func(j *job) bool { return j.sess == sess }, ua.StatusBadSessionClosed)
 	s.log.Debug("session closed", "session", sess.ID.String(), "name", sess.Name)
 	return &ua.CloseSessionResponse{ResponseHeader: respHeader(r, ua.StatusOK)}
 }
 
 func (s *Server) cancel(cn *conn, r *ua.CancelRequest, now time.Time) ua.Response {
-	if _, code := s.checkSession(cn, r.RequestHeader, now); code != ua.StatusOK {
+	sess, code := s.checkSession(cn, r.RequestHeader, now)
+	if code != ua.StatusOK {
 		return s.fault(r, code)
 	}
-	// v0 has no queue: every request runs at once, so there is nothing to cancel.
-	return &ua.CancelResponse{ResponseHeader: respHeader(r, ua.StatusOK)}
+	// Queued requests with that handle complete now, exactly once, with
+	// BadRequestCancelledByClient (before this response: same writer);
+	// running ones finish normally.
+	n := s.cancelQueued(cn, func(j *job) bool {
+		return j.sess == sess && j.handle == r.RequestHandle
+	}, ua.StatusBadRequestCancelledByClient)
+	s.stats.cancelled.Add(int64(n))
+	return &ua.CancelResponse{ResponseHeader: respHeader(r, ua.StatusOK), CancelCount: uint32(n)}
 }

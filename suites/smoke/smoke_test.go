@@ -98,7 +98,7 @@ var _ = Describe("Smoke", Label("property:smoke"), func() {
 	It("adds 40–60 ms of median read latency under a 50 ms downstream latency toxic, and loses it when removed", spec.Condition("latency"), func(ctx SpecContext) {
 		c := openSession(ctx, e.Endpoint)
 		exp := gmeasure.NewExperiment("read latency through the proxy")
-		AddReportEntry(exp.Name, exp)
+		AddReportEntry(exp.Name, exp, ReportEntryVisibilityFailureOrVerbose)
 		const n = 21
 
 		By("measuring the baseline")
@@ -161,7 +161,7 @@ var _ = Describe("Smoke", Label("property:smoke"), func() {
 		Expect(err).NotTo(HaveOccurred())
 
 		exp := gmeasure.NewExperiment("burst of 96 Busy.2000 reads")
-		AddReportEntry(exp.Name, exp)
+		AddReportEntry(exp.Name, exp, ReportEntryVisibilityFailureOrVerbose)
 		run := func(name string) time.Duration {
 			for range 3 {
 				d, err := burst(ctx, c, busy, total, workers)

@@ -243,10 +243,9 @@ func (q *Queue[T]) Enqueue(ownerName string, v T) (*Entry[T], error) {
 
 // signal sends the wake token unless one is outstanding.
 func (q *Queue[T]) signal() {
-	if q.waiting.Load() == 0 && !q.opts.LostWakeup {
-		// Nobody parked: a worker about to park re-checks after arming.
-		// (Under LostWakeup the wake token is the only hand-off, see
-		// Dequeue, so it must always be sent.)
+	if q.waiting.Load() == 0 {
+		// Nobody parked: a worker about to park announces itself in
+		// waiting and then re-checks the queue.
 		return
 	}
 	if q.wakePending.CompareAndSwap(false, true) {

@@ -1,0 +1,173 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/gopcua/opcua/ua"
+
+	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
+	"github.com/opcua-chaos/opcua-chaos/server/internal/fairqueue"
+	"github.com/opcua-chaos/opcua-chaos/server/internal/session"
+)
+
+// StatusBadServerTooBusy (Bad_ServerTooBusy, 0x80EE0000) answers a request
+// the fair queue refuses: total bound or the owner's ceiling reached.
+// gopcua v0.8.0 does not define it.
+const StatusBadServerTooBusy ua.StatusCode = 0x80EE0000
+
+// job is one admitted service request waiting in the fair queue.
+type job struct {
+	conn     *conn
+	ch       *channel.Channel
+	sess     *session.Session
+	reqID    uint32
+	req      ua.Request
+	handle   uint32
+	owner    string
+	received time.Time
+	entry    *fairqueue.Entry[*job]
+}
+
+// deadline is the request's TimeoutHint deadline, zero if none.
+func (j *job) deadline() time.Time {
+	if hint := j.req.Header().TimeoutHint; hint > 0 {
+		return j.received.Add(time.Duration(hint) * time.Millisecond)
+	}
+	return time.Time{}
+}
+
+// queued tracks a channel's requests that sit in the fair queue, so Cancel,
+// CloseSession and a lost connection can find and cancel them.
+type queued struct {
+	mu   sync.Mutex
+	jobs map[*job]struct{}
+}
+
+func newQueue(cfg Config) *fairqueue.Queue[*job] {
+	weights := cfg.OwnerWeights
+	return fairqueue.New[*job](fairqueue.Options{
+		Limit:        cfg.QueueSize,
+		OwnerLimit:   cfg.OwnerQueueSize,
+		Weight:       func(owner string) int { return weights[owner] },
+		Unweighted:   cfg.Faults.Has(FaultUnweighted),
+		TurnStall:    cfg.Faults.Has(FaultTurnStall),
+		LostWakeup:   cfg.Faults.Has(FaultLostWakeup),
+		CancelLeak:   cfg.Faults.Has(FaultCancelLeak),
+		CancelDouble: cfg.Faults.Has(FaultCancelDouble),
+	})
+}
+
+// workers returns the size of the worker pool.
+func (s *Server) workers() int {
+	if s.cfg.Faults.Has(FaultSerialDispatch) {
+		// Fault serial-dispatch: one goroutine serves every request of
+		// every session, like gopcua's stock server.
+		return 1
+	}
+	return s.cfg.Workers
+}
+
+// admit puts a job into the fair queue; it answers it at once when the queue
+// refuses it.
+func (s *Server) admit(j *job) {
+	q := &j.conn.queued
+	q.mu.Lock()
+	e, err := s.queue.Enqueue(j.owner, j)
+	if err == nil {
+		j.entry = e
+		q.jobs[j] = struct{}{}
+	}
+	q.mu.Unlock()
+	switch {
+	case err == nil:
+	case errors.Is(err, fairqueue.ErrStopped):
+		j.ch.Respond(j.reqID, s.fault(j.req, ua.StatusBadServerHalted))
+	default: // ErrFull, ErrOwnerFull
+		s.stats.tooBusy.Add(1)
+		j.ch.Respond(j.reqID, s.fault(j.req, StatusBadServerTooBusy))
+	}
+}
+
+// work is one worker: it takes requests in weighted fair order until the
+// queue stops.
+func (s *Server) work() {
+	ctx := context.Background() // the queue's Stop ends Dequeue
+	for {
+		e, err := s.queue.Dequeue(ctx)
+		if err != nil {
+			return
+		}
+		j := e.Value
+		j.conn.queued.mu.Lock()
+		delete(j.conn.queued.jobs, j)
+		j.conn.queued.mu.Unlock()
+		s.busyWorkers.Add(1)
+		s.execute(j)
+		s.busyWorkers.Add(-1)
+	}
+}
+
+// execute runs a dispatched job and queues its response.
+func (s *Server) execute(j *job) {
+	if j.conn.ctx.Err() != nil {
+		// The channel is gone; the response would be dropped.
+		j.ch.Respond(j.reqID, s.fault(j.req, ua.StatusBadSecureChannelClosed))
+		return
+	}
+	if j.sess.Closed() {
+		j.ch.Respond(j.reqID, s.fault(j.req, ua.StatusBadSessionClosed))
+		return
+	}
+	ctx := j.conn.ctx
+	if dl := j.deadline(); !dl.IsZero() {
+		if time.Now().After(dl) {
+			// Expired while queued: do not run it.
+			s.stats.timeouts.Add(1)
+			j.ch.Respond(j.reqID, s.fault(j.req, ua.StatusBadTimeout))
+			return
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, dl)
+		defer cancel()
+	}
+	var resp ua.Response
+	switch r := j.req.(type) {
+	case *ua.ReadRequest:
+		resp = s.read(ctx, r)
+	default:
+		resp = s.fault(r, ua.StatusBadServiceUnsupported)
+	}
+	j.ch.Respond(j.reqID, resp)
+}
+
+// cancelQueued cancels the queued jobs of a channel that match and answers
+// each with code. It returns how many it cancelled.
+func (s *Server) cancelQueued(cn *conn, match func(*job) bool, code ua.StatusCode) int {
+	var hits []*job
+	cn.queued.mu.Lock()
+	for j := range cn.queued.jobs {
+		if match(j) && s.queue.Cancel(j.entry) {
+			delete(cn.queued.jobs, j)
+			hits = append(hits, j)
+		}
+	}
+	cn.queued.mu.Unlock()
+	for _, j := range hits {
+		j.ch.Respond(j.reqID, s.fault(j.req, code))
+	}
+	return len(hits)
+}
+
+// haltQueued stops the queue and answers every queued job BadServerHalted.
+func (s *Server) haltQueued() {
+	for _, e := range s.queue.Stop() {
+		j := e.Value
+		j.conn.queued.mu.Lock()
+		delete(j.conn.queued.jobs, j)
+		j.conn.queued.mu.Unlock()
+		j.ch.Respond(j.reqID, s.fault(j.req, ua.StatusBadServerHalted))
+	}
+}
