@@ -56,7 +56,8 @@ type Options struct {
 	LowMark int
 	// NoBackpressure is the no-backpressure fault: never stop reading.
 	NoBackpressure bool
-	// FaultOnOverflow is the fault-on-overflow fault: close the channel with
+	// FaultOnOverflow is the fault-on-overflow fault (the old .NET
+	// behaviour): never stop reading, and close the channel with
 	// BadTcpNotEnoughResources when more than HighMark responses are pending.
 	FaultOnOverflow bool
 	// Logger receives channel events; nil means slog.Default().
@@ -190,8 +191,9 @@ func (c *Channel) readLoop(ctx context.Context, h Handler) error {
 // waitForRoom blocks while HighMark or more responses are pending, until the
 // count drops to LowMark.
 func (c *Channel) waitForRoom(ctx context.Context) error {
-	if c.opts.NoBackpressure {
-		// Fault no-backpressure: never stop reading.
+	if c.opts.NoBackpressure || c.opts.FaultOnOverflow {
+		// Faults no-backpressure and fault-on-overflow: never stop reading
+		// (the latter faults the channel instead, see readLoop).
 		return nil
 	}
 	c.mu.Lock()

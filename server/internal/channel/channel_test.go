@@ -1,0 +1,197 @@
+package channel
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gopcua/opcua/ua"
+)
+
+// withFaults applies the channel faults named in OPCUA_TEST_FAULTS (the
+// server's fault names) to opts:
+//
+//	OPCUA_TEST_FAULTS=no-backpressure go test ./server/internal/channel
+func withFaults(opts Options) Options {
+	for _, name := range strings.Split(os.Getenv("OPCUA_TEST_FAULTS"), ",") {
+		switch strings.TrimSpace(name) {
+		case "no-backpressure":
+			opts.NoBackpressure = true
+		case "fault-on-overflow":
+			opts.FaultOnOverflow = true
+		}
+	}
+	opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	return opts
+}
+
+// fakeTransport delivers `total` requests as fast as they are read; every
+// Send blocks until the test releases it, like a peer that stopped reading.
+type fakeTransport struct {
+	total   int
+	mu      sync.Mutex
+	read    int
+	sent    int
+	aborted ua.StatusCode
+	release chan struct{} // one token per Send allowed
+	closed  chan struct{}
+	once    sync.Once
+}
+
+func newFake(total int) *fakeTransport {
+	return &fakeTransport{total: total, release: make(chan struct{}, total), closed: make(chan struct{})}
+}
+
+func (f *fakeTransport) Receive(ctx context.Context) (Message, error) {
+	f.mu.Lock()
+	if f.read < f.total {
+		f.read++
+		id := uint32(f.read)
+		f.mu.Unlock()
+		return Message{RequestID: id, Request: &ua.ReadRequest{RequestHeader: &ua.RequestHeader{RequestHandle: id}}}, nil
+	}
+	f.mu.Unlock()
+	<-f.closed
+	return Message{}, io.EOF
+}
+
+func (f *fakeTransport) Send(ctx context.Context, id uint32, resp ua.Response) error {
+	select {
+	case <-f.release:
+	case <-f.closed:
+		return io.EOF
+	}
+	f.mu.Lock()
+	f.sent++
+	f.mu.Unlock()
+	return nil
+}
+
+func (f *fakeTransport) Abort(code ua.StatusCode) error {
+	f.mu.Lock()
+	f.aborted = code
+	f.mu.Unlock()
+	return f.Close()
+}
+
+func (f *fakeTransport) Close() error {
+	f.once.Do(func() { close(f.closed) })
+	return nil
+}
+
+func (f *fakeTransport) counts() (read, sent int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.read, f.sent
+}
+
+// settle waits until the transport's read count stops changing.
+func settle(f *fakeTransport) int {
+	last := -1
+	for {
+		time.Sleep(20 * time.Millisecond)
+		n, _ := f.counts()
+		if n == last {
+			return n
+		}
+		last = n
+	}
+}
+
+func answerAtOnce(ch *Channel, msg Message) {
+	ch.Respond(msg.RequestID, &ua.ReadResponse{ResponseHeader: &ua.ResponseHeader{RequestHandle: msg.RequestID}})
+}
+
+// TestBackpressureStopsAndResumesReading: with the peer not reading, the
+// channel stops reading at 100 pending responses, resumes only at 50, and is
+// never faulted for being busy.
+func TestBackpressureStopsAndResumesReading(t *testing.T) {
+	const total = 1000
+	f := newFake(total)
+	ch := New(f, withFaults(Options{HighMark: 100, LowMark: 50}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() { runErr <- ch.Run(ctx, answerAtOnce) }()
+
+	if n := settle(f); n != 100 {
+		t.Fatalf("read %d requests with no response written, want to stop at 100", n)
+	}
+	// 49 responses written: 51 pending, still above the low mark.
+	for range 49 {
+		f.release <- struct{}{}
+	}
+	if n := settle(f); n != 100 {
+		t.Fatalf("read %d requests at 51 pending, want no resume before the low mark", n)
+	}
+	// The 50th write reaches the low mark: reading resumes up to 100 pending.
+	f.release <- struct{}{}
+	if n := settle(f); n != 150 {
+		t.Fatalf("read %d requests after reaching the low mark, want 150", n)
+	}
+	// Let everything through.
+	for range total - 50 {
+		f.release <- struct{}{}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, sent := f.counts(); sent == total {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %v of %d responses written", ch.Stats().Written, total)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	st := ch.Stats()
+	if st.MaxPending > 100 || st.Pauses < 2 || st.Pending != 0 || st.Dropped != 0 {
+		t.Errorf("stats %+v: want max pending ≤ 100, ≥ 2 pauses, nothing pending or dropped", st)
+	}
+	select {
+	case err := <-runErr:
+		t.Fatalf("channel closed while busy: %v (abort code %v)", err, f.aborted)
+	default:
+	}
+	cancel()
+	if err := <-runErr; !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) && err != nil && !strings.Contains(err.Error(), "closed") {
+		t.Errorf("Run: %v", err)
+	}
+}
+
+// TestRespondNeverBlocks: a handler answering from many goroutines is never
+// blocked by a stalled writer.
+func TestRespondNeverBlocks(t *testing.T) {
+	f := newFake(50)
+	ch := New(f, withFaults(Options{HighMark: 100, LowMark: 50}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	answered := make(chan struct{}, 50)
+	runDone := make(chan struct{})
+	go func() {
+		defer close(runDone)
+		_ = ch.Run(ctx, func(ch *Channel, msg Message) {
+			go func() {
+				answerAtOnce(ch, msg)
+				answered <- struct{}{}
+			}()
+		})
+	}()
+	for i := range 50 {
+		select {
+		case <-answered:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("Respond blocked: %d of 50 returned with the writer stalled", i)
+		}
+	}
+	cancel()
+	<-runDone
+	if st := ch.Stats(); st.Pending != 0 {
+		t.Errorf("after close: %d pending, want 0 (dropped responses are released)", st.Pending)
+	}
+}

@@ -1,0 +1,74 @@
+package session
+
+import (
+	"testing"
+	"time"
+
+	"github.com/gopcua/opcua/ua"
+)
+
+func TestLifecycle(t *testing.T) {
+	m := NewManager(Limits{MaxSessions: 2})
+	now := time.Now()
+	s := m.Create("a", 150*time.Millisecond, now)
+	if s == nil || s.Timeout != 150*time.Millisecond {
+		t.Fatalf("create: %+v", s)
+	}
+	if m.Lookup(s.Token) != s {
+		t.Fatal("lookup by token failed")
+	}
+	// The token as a client decodes it is a different value, equal content.
+	b, _ := s.Token.Encode()
+	var decoded ua.NodeID
+	if _, err := decoded.Decode(b); err != nil || m.Lookup(&decoded) != s {
+		t.Fatalf("lookup by decoded token failed: %v", err)
+	}
+	if m.Lookup(ua.NewNumericNodeID(0, 1)) != nil || m.Lookup(nil) != nil {
+		t.Error("lookup of a foreign token succeeded")
+	}
+	if activated, _, _ := s.State(); activated {
+		t.Error("new session is activated")
+	}
+	s.Activate("user1", 7)
+	if activated, user, ch := s.State(); !activated || user != "user1" || ch != 7 {
+		t.Errorf("state after activate: %v %q %d", activated, user, ch)
+	}
+
+	closed := make(chan struct{})
+	s.OnClose(func() { close(closed) })
+	m.Create("b", 0, now)
+	if m.Create("c", 0, now) != nil {
+		t.Error("MaxSessions not enforced")
+	}
+	// Only "a" is idle past its timeout.
+	if exp := m.Expire(now.Add(200 * time.Millisecond)); len(exp) != 1 || exp[0] != s {
+		t.Fatalf("expired %v, want session a", exp)
+	}
+	select {
+	case <-closed:
+	default:
+		t.Error("OnClose did not run on timeout")
+	}
+	if !s.Closed() || m.Lookup(s.Token) != nil {
+		t.Error("expired session still open")
+	}
+	c := m.Counts()
+	if c.Current != 1 || c.Cumulated != 2 || c.Timeouts != 1 || c.Rejected != 1 {
+		t.Errorf("counts %+v", c)
+	}
+}
+
+func TestTimeoutRevision(t *testing.T) {
+	m := NewManager(Limits{})
+	now := time.Now()
+	for _, tc := range []struct{ req, want time.Duration }{
+		{0, 60 * time.Second},
+		{time.Millisecond, 100 * time.Millisecond},
+		{10 * time.Hour, time.Hour},
+		{5 * time.Second, 5 * time.Second},
+	} {
+		if got := m.Create("x", tc.req, now).Timeout; got != tc.want {
+			t.Errorf("requested %v: revised %v, want %v", tc.req, got, tc.want)
+		}
+	}
+}
