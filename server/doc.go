@@ -49,10 +49,38 @@
 //	ns=1;s=Counter.SessionsCumulated  sessions created since start
 //	ns=1;s=Counter.Channels           current secure channels
 //	ns=1;s=Counter.ChannelsCumulated  secure channels opened since start
+//	ns=1;s=Counter.TooBusy            requests refused BadServerTooBusy
+//	ns=1;s=Counter.Cancelled          queued requests cancelled by Cancel
+//	ns=1;s=Queue.Depth                requests queued now
+//	ns=1;s=Queue.Slots                queue slots held (Depth + leaked slots)
+//	ns=1;s=Queue.Limit, Queue.OwnerLimit   total bound, per-owner ceiling
+//	ns=1;s=Queue.Enqueued, .Dispatched, .Rejected, .Cancelled
+//	ns=1;s=Queue.Workers, .WorkersBusy, .WorkersWaiting
+//	ns=1;s=Owner.<owner>.Queued, .Slots, .Enqueued, .Dispatched,
+//	       .Rejected, .Cancelled, .Weight   per owner (user name or peer IP)
+//	ns=1;s=Channel.BackpressurePauses     times a channel stopped reading
+//	ns=1;s=Channel.MaxPendingResponses    most responses pending on a channel
+//	ns=1;s=Channel.PendingResponses       responses pending now
 //	ns=1;s=Slow.<ms>                  sleeps <ms> (0..600000), honouring
 //	                                  cancellation and TimeoutHint; value <ms>
 //	ns=1;s=Busy.<µs>                  burns CPU for <µs> (0..60000000) by
 //	                                  spinning on the monotonic clock; value <µs>
+//
+// # Concurrency
+//
+// Session and discovery services are answered on the channel's reader;
+// Read requests go through a weighted fair queue (internal/fairqueue) keyed
+// by owner (the session's user name, else the peer IP), weights from
+// Config.OwnerWeights, served by a pool of Config.Workers workers. A full
+// queue or owner share answers StatusBadServerTooBusy. Responses are written
+// by a per-channel writer (internal/channel); a channel stops reading above
+// Config.HighMark pending responses and resumes at Config.LowMark. Cancel
+// completes queued requests with that RequestHandle once with
+// BadRequestCancelledByClient (running ones finish); CloseSession
+// (BadSessionClosed) and a lost connection cancel the session's or
+// channel's queued requests. Stopping answers queued requests
+// BadServerHalted. Fault switches (Config.Faults, OPCUA_FAULTS) reproduce
+// known bugs on demand; see the Fault constants.
 //
 // # Logging
 //

@@ -1,0 +1,207 @@
+package subscription
+
+import (
+	"sync"
+	"time"
+
+	"github.com/gopcua/opcua/ua"
+)
+
+// statusOverflow is Good with the InfoType DataValue and Overflow info bits:
+// set on the oldest value still queued after a value was discarded.
+const statusOverflow ua.StatusCode = 0x00000480
+
+// MonitoredItem samples one node attribute into a bounded queue.
+type MonitoredItem struct {
+	id   uint32
+	node *ua.NodeID
+	attr ua.AttributeID
+	read ReadFunc
+
+	// Guarded by the session's mutex (changed by services only).
+	clientHandle uint32
+	interval     time.Duration // revised sampling interval; sampler group key
+	mode         ua.MonitoringMode
+
+	mu            sync.Mutex // guards the fields below (sampler vs publisher)
+	handle        uint32     // copy of clientHandle for the sampler path
+	ts            ua.TimestampsToReturn
+	trigger       ua.DataChangeTrigger
+	discardOldest bool
+	buf           []*ua.DataValue // ring of queued values
+	head, n       int
+	last          *ua.DataValue // last sampled value (for the trigger)
+	samples       int64         // samples taken
+	queued        int64         // values queued
+	discarded     int64         // values discarded by overflow
+}
+
+// ID returns the monitored item id.
+func (it *MonitoredItem) ID() uint32 { return it.id }
+
+// Stats returns the item's sample count, queued count and overflow discards.
+func (it *MonitoredItem) Stats() (samples, queued, discarded int64) {
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	return it.samples, it.queued, it.discarded
+}
+
+// Sample implements Target: read the value and queue it if the trigger says
+// it changed.
+func (it *MonitoredItem) Sample(t SampleTime) {
+	dv := it.read(t)
+	if dv == nil {
+		return
+	}
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	it.samples++
+	if !changed(it.last, dv, it.trigger) {
+		return
+	}
+	it.last = dv
+	out := *dv
+	switch it.ts {
+	case ua.TimestampsToReturnSource:
+	case ua.TimestampsToReturnServer:
+		out.EncodingMask &^= ua.DataValueSourceTimestamp | ua.DataValueSourcePicoseconds
+		out.SourceTimestamp = time.Time{}
+	case ua.TimestampsToReturnNeither:
+		out.EncodingMask &^= ua.DataValueSourceTimestamp | ua.DataValueSourcePicoseconds
+		out.SourceTimestamp = time.Time{}
+	}
+	if it.ts == ua.TimestampsToReturnServer || it.ts == ua.TimestampsToReturnBoth {
+		out.EncodingMask |= ua.DataValueServerTimestamp
+		out.ServerTimestamp = t.Wall
+	}
+	it.push(&out)
+}
+
+// push queues v, honouring the queue size and discardOldest. it.mu held.
+func (it *MonitoredItem) push(v *ua.DataValue) {
+	it.queued++
+	size := len(it.buf)
+	if it.n < size {
+		it.buf[(it.head+it.n)%size] = v
+		it.n++
+		return
+	}
+	it.discarded++
+	if it.discardOldest {
+		it.buf[it.head] = v
+		it.head = (it.head + 1) % size
+		if size > 1 {
+			it.markOverflow(it.head)
+		}
+		return
+	}
+	// Replace the newest value.
+	newest := (it.head + it.n - 1) % size
+	it.buf[newest] = v
+	if size > 1 {
+		it.markOverflow(newest)
+	}
+}
+
+func (it *MonitoredItem) markOverflow(i int) {
+	v := *it.buf[i]
+	v.EncodingMask |= ua.DataValueStatusCode
+	v.Status |= statusOverflow
+	it.buf[i] = &v
+}
+
+// resize sets the queue size, keeping the newest values. it.mu held.
+func (it *MonitoredItem) resize(size int) {
+	if size == len(it.buf) {
+		return
+	}
+	vals := it.drainLocked(0)
+	if len(vals) > size {
+		vals = vals[len(vals)-size:]
+	}
+	it.buf = make([]*ua.DataValue, size)
+	it.head = 0
+	it.n = copy(it.buf, vals)
+}
+
+// drainLocked removes and returns up to max queued values (all if max ≤ 0),
+// oldest first. it.mu held.
+func (it *MonitoredItem) drainLocked(max int) []*ua.DataValue {
+	k := it.n
+	if max > 0 && k > max {
+		k = max
+	}
+	if k == 0 {
+		return nil
+	}
+	out := make([]*ua.DataValue, k)
+	size := len(it.buf)
+	for i := range k {
+		j := (it.head + i) % size
+		out[i] = it.buf[j]
+		it.buf[j] = nil
+	}
+	it.head = (it.head + k) % size
+	it.n -= k
+	return out
+}
+
+// pending returns the number of queued values.
+func (it *MonitoredItem) pending() int {
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	return it.n
+}
+
+// clear drops the queued values and forgets the last value, so the next
+// sample is reported (used when the item is disabled).
+func (it *MonitoredItem) clear() {
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	for it.n > 0 {
+		it.buf[it.head] = nil
+		it.head = (it.head + 1) % len(it.buf)
+		it.n--
+	}
+	it.last = nil
+}
+
+// changed applies a DataChangeFilter trigger.
+func changed(last, dv *ua.DataValue, trigger ua.DataChangeTrigger) bool {
+	if last == nil {
+		return true
+	}
+	if last.Status != dv.Status {
+		return true
+	}
+	if trigger == ua.DataChangeTriggerStatus {
+		return false
+	}
+	if !sameValue(last.Value, dv.Value) {
+		return true
+	}
+	if trigger == ua.DataChangeTriggerStatusValueTimestamp {
+		return !last.SourceTimestamp.Equal(dv.SourceTimestamp)
+	}
+	return false
+}
+
+func sameValue(a, b *ua.Variant) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	if a.Type() != b.Type() || a.ArrayLength() != b.ArrayLength() {
+		return false
+	}
+	if a.ArrayLength() > 0 {
+		return false // arrays: always report
+	}
+	switch av := a.Value().(type) {
+	case bool, int8, uint8, int16, uint16, int32, uint32, int64, uint64, float32, float64, string:
+		return av == b.Value()
+	case time.Time:
+		bv, ok := b.Value().(time.Time)
+		return ok && av.Equal(bv)
+	}
+	return false // structures: always report
+}

@@ -1,0 +1,369 @@
+// Package subscription implements the OPC UA subscription services of the
+// reference server: subscriptions with publishing interval, lifetime and
+// keep-alive counts, monitored items sampled at fixed rates with a bounded
+// queue, notification messages with sequence numbers, a retransmission queue,
+// acknowledgements, Republish, MaxNotificationsPerPublish and responses split
+// to fit a size budget, with several Publish requests queued per session.
+//
+// Sampling runs on a Sampler: one goroutine and timer per sampling interval
+// group, absolute deadlines on a monotonic Clock (injectable for tests).
+//
+// Two fault switches reproduce known bugs on demand: SamplingDrift (wait one
+// interval after each sample, seed 003) and PublishDrop (silently drop
+// Publish requests beyond a small number per session).
+//
+// The package knows nothing about channels or sessions of the server: a
+// caller keys a Session by any comparable value and passes a respond
+// function with each Publish request.
+package subscription
+
+import (
+	"context"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gopcua/opcua/ua"
+)
+
+// Defaults of Options.
+const (
+	DefaultMinSamplingInterval   = time.Millisecond
+	DefaultMinPublishingInterval = time.Millisecond
+	DefaultMaxInterval           = time.Hour
+	DefaultKeepAliveCount        = 10
+	DefaultMaxKeepAliveCount     = 100_000
+	DefaultMaxLifetime           = 2 * time.Hour
+	DefaultMaxQueueSize          = 10_000
+	DefaultMaxResponseBytes      = 0xffff // gopcua's receive buffer; it writes a response as one chunk
+	DefaultMaxPublishRequests    = 100
+	DefaultMaxRetransmit         = 256
+	DefaultMaxSubscriptions      = 1000
+	DefaultMaxItems              = 100_000
+	DefaultMaxOperations         = 100_000
+	DefaultPublishDropKeep       = 3
+)
+
+// Options configure a Manager. Zero values mean the defaults.
+type Options struct {
+	// Clock is the monotonic clock (NewRealClock()).
+	Clock Clock
+	// Source resolves the nodes items may monitor. Nil resolves nothing.
+	Source Source
+	// Logger receives the manager's log (slog.Default()).
+	Logger *slog.Logger
+
+	// MinSamplingInterval is the fastest sampling interval (1 ms); smaller
+	// requests, 0 included, are revised up to it.
+	MinSamplingInterval time.Duration
+	// MaxSamplingInterval caps the sampling interval (1 h).
+	MaxSamplingInterval time.Duration
+	// MinPublishingInterval is the fastest publishing interval (1 ms).
+	MinPublishingInterval time.Duration
+	// MaxPublishingInterval caps the publishing interval (1 h).
+	MaxPublishingInterval time.Duration
+	// DefaultKeepAliveCount replaces a requested keep-alive count of 0 (10).
+	DefaultKeepAliveCount uint32
+	// MaxKeepAliveCount caps the keep-alive count (100000).
+	MaxKeepAliveCount uint32
+	// MaxLifetime caps lifetime count × publishing interval (2 h).
+	MaxLifetime time.Duration
+	// MaxQueueSize caps a monitored item's queue size (10000).
+	MaxQueueSize uint32
+	// MaxNotificationsPerPublish caps notifications per message on top of
+	// the client's own limit (0: only the size budget limits).
+	MaxNotificationsPerPublish uint32
+	// MaxResponseBytes is the default size budget of one Publish response,
+	// encoded with its transport headers (65535).
+	MaxResponseBytes int
+	// MaxPublishRequests bounds the queued Publish requests per session
+	// (100); beyond it the oldest is answered BadTooManyPublishRequests.
+	MaxPublishRequests int
+	// MaxRetransmit bounds a subscription's retransmission queue (256
+	// messages); the oldest unacknowledged message is dropped beyond it.
+	MaxRetransmit int
+	// MaxSubscriptions bounds subscriptions per session (1000).
+	MaxSubscriptions int
+	// MaxItems bounds monitored items per subscription (100000).
+	MaxItems int
+	// MaxOperations bounds the operations of one service request (100000).
+	MaxOperations int
+
+	// SamplingDrift is the sampling-drift fault: the sampler waits one
+	// interval after each sample instead of keeping absolute deadlines.
+	SamplingDrift bool
+	// PublishDrop is the publish-drop fault: Publish requests beyond
+	// PublishDropKeep queued per session are dropped without an answer.
+	PublishDrop bool
+	// PublishDropKeep is the queue length beyond which PublishDrop drops
+	// (3).
+	PublishDropKeep int
+}
+
+func (o *Options) fill() {
+	if o.Clock == nil {
+		o.Clock = NewRealClock()
+	}
+	if o.Source == nil {
+		o.Source = Sources{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&o.MinSamplingInterval, DefaultMinSamplingInterval)
+	def(&o.MaxSamplingInterval, DefaultMaxInterval)
+	def(&o.MinPublishingInterval, DefaultMinPublishingInterval)
+	def(&o.MaxPublishingInterval, DefaultMaxInterval)
+	def(&o.MaxLifetime, DefaultMaxLifetime)
+	o.MaxSamplingInterval = max(o.MaxSamplingInterval, o.MinSamplingInterval)
+	o.MaxPublishingInterval = max(o.MaxPublishingInterval, o.MinPublishingInterval)
+	defInt := func(p *int, v int) {
+		if *p <= 0 {
+			*p = v
+		}
+	}
+	defInt(&o.MaxResponseBytes, DefaultMaxResponseBytes)
+	defInt(&o.MaxPublishRequests, DefaultMaxPublishRequests)
+	defInt(&o.MaxRetransmit, DefaultMaxRetransmit)
+	defInt(&o.MaxSubscriptions, DefaultMaxSubscriptions)
+	defInt(&o.MaxItems, DefaultMaxItems)
+	defInt(&o.MaxOperations, DefaultMaxOperations)
+	defInt(&o.PublishDropKeep, DefaultPublishDropKeep)
+	if o.DefaultKeepAliveCount == 0 {
+		o.DefaultKeepAliveCount = DefaultKeepAliveCount
+	}
+	if o.MaxKeepAliveCount == 0 {
+		o.MaxKeepAliveCount = DefaultMaxKeepAliveCount
+	}
+	if o.MaxQueueSize == 0 {
+		o.MaxQueueSize = DefaultMaxQueueSize
+	}
+}
+
+// millis converts a requested interval in milliseconds to a duration; ok is
+// false for NaN, infinities and values ≤ 0.
+func millis(ms float64) (time.Duration, bool) {
+	if math.IsNaN(ms) || math.IsInf(ms, 0) || ms <= 0 {
+		return 0, false
+	}
+	if ms > float64(math.MaxInt64/int64(time.Millisecond)) {
+		return time.Duration(math.MaxInt64), true
+	}
+	return time.Duration(ms * float64(time.Millisecond)), true
+}
+
+// RevisePublishingInterval revises a requested publishing interval (ms): 0,
+// negative, NaN or below the minimum give the minimum; above the maximum
+// gives the maximum.
+func (o Options) RevisePublishingInterval(ms float64) time.Duration {
+	d, ok := millis(ms)
+	if !ok || d < o.MinPublishingInterval {
+		return o.MinPublishingInterval
+	}
+	return min(d, o.MaxPublishingInterval).Round(time.Microsecond)
+}
+
+// ReviseSamplingInterval revises a requested sampling interval (ms): -1 (any
+// negative value) means the publishing interval; 0, NaN or below the minimum
+// give the minimum; above the maximum gives the maximum.
+func (o Options) ReviseSamplingInterval(ms float64, publishing time.Duration) time.Duration {
+	if ms < 0 && !math.IsInf(ms, 0) {
+		return min(max(publishing, o.MinSamplingInterval), o.MaxSamplingInterval)
+	}
+	d, ok := millis(ms)
+	if !ok || d < o.MinSamplingInterval {
+		return o.MinSamplingInterval
+	}
+	return min(d, o.MaxSamplingInterval).Round(time.Microsecond)
+}
+
+// ReviseCounts revises keep-alive and lifetime counts for a publishing
+// interval: keep-alive 0 gives the default, keep-alive × interval and
+// lifetime × interval stay below MaxLifetime, and lifetime ≥ 3 × keep-alive.
+func (o Options) ReviseCounts(interval time.Duration, lifetime, keepAlive uint32) (uint32, uint32) {
+	if keepAlive == 0 {
+		keepAlive = o.DefaultKeepAliveCount
+	}
+	maxCount := uint32(min(int64(o.MaxLifetime/max(interval, 1)), math.MaxUint32))
+	maxCount = max(maxCount, 3)
+	keepAlive = min(keepAlive, o.MaxKeepAliveCount, max(maxCount/3, 1))
+	keepAlive = max(keepAlive, 1)
+	lifetime = min(max(lifetime, 3*keepAlive), maxCount)
+	return lifetime, keepAlive
+}
+
+// ReviseQueueSize revises a requested queue size: 0 gives 1, above the
+// maximum gives the maximum.
+func (o Options) ReviseQueueSize(n uint32) uint32 {
+	return min(max(n, 1), o.MaxQueueSize)
+}
+
+// Stats are a manager's counters.
+type Stats struct {
+	Sessions      int   // sessions with subscription state
+	Subscriptions int   // live subscriptions
+	Items         int   // live monitored items
+	Created       int64 // subscriptions created
+	Expired       int64 // subscriptions that outlived their lifetime
+	Messages      int64 // notification messages sent
+	KeepAlives    int64 // keep-alive messages sent
+	Notifications int64 // data change notifications sent
+	Republished   int64 // messages sent again by Republish
+	Dropped       int64 // Publish requests dropped by the publish-drop fault
+	TooMany       int64 // Publish requests answered BadTooManyPublishRequests
+	TimedOut      int64 // Publish requests answered BadTimeout
+	Sampling      GroupStats
+}
+
+// Manager holds the subscription state of every session of a server.
+type Manager struct {
+	opts    Options
+	clock   Clock
+	log     *slog.Logger
+	sampler *Sampler
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup // subscription loops
+
+	nextSubID  atomic.Uint32
+	nextItemID atomic.Uint32
+
+	mu       sync.Mutex
+	sessions map[any]*Session
+
+	created, expired, messages, keepAlives, notifications atomic.Int64
+	republished, dropped, tooMany, timedOut               atomic.Int64
+	subs, items                                           atomic.Int64
+}
+
+// New returns a manager whose loops run until ctx ends or Close is called.
+func New(ctx context.Context, opts Options) *Manager {
+	opts.fill()
+	ctx, cancel := context.WithCancel(ctx)
+	m := &Manager{
+		opts:     opts,
+		clock:    opts.Clock,
+		log:      opts.Logger,
+		ctx:      ctx,
+		cancel:   cancel,
+		sessions: make(map[any]*Session),
+	}
+	m.sampler = NewSampler(ctx, opts.Clock, opts.SamplingDrift, opts.Logger)
+	return m
+}
+
+// Options returns the manager's options with defaults filled in.
+func (m *Manager) Options() Options { return m.opts }
+
+// Sampler returns the manager's sampler.
+func (m *Manager) Sampler() *Sampler { return m.sampler }
+
+// Close closes every session and stops all loops.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	all := make([]*Session, 0, len(m.sessions))
+	for k, s := range m.sessions {
+		all = append(all, s)
+		delete(m.sessions, k)
+	}
+	m.mu.Unlock()
+	for _, s := range all {
+		s.close(ua.StatusBadShutdown)
+	}
+	m.cancel()
+	m.wg.Wait()
+	m.sampler.Close()
+}
+
+// Session returns the subscription state of the session key, creating it if
+// needed; created reports whether it was created. After Close it returns a
+// closed session.
+func (m *Manager) Session(key any) (s *Session, created bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s = m.sessions[key]; s != nil {
+		return s, false
+	}
+	s = &Session{m: m, key: key, subs: make(map[uint32]*Subscription)}
+	if m.ctx.Err() != nil {
+		s.closed = true
+		return s, true
+	}
+	m.sessions[key] = s
+	return s, true
+}
+
+// Lookup returns the subscription state of key, or nil.
+func (m *Manager) Lookup(key any) *Session {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sessions[key]
+}
+
+// CloseSession deletes the subscriptions of session key and answers its
+// queued Publish requests BadSessionClosed.
+func (m *Manager) CloseSession(key any) {
+	m.mu.Lock()
+	s := m.sessions[key]
+	delete(m.sessions, key)
+	m.mu.Unlock()
+	if s != nil {
+		s.close(ua.StatusBadSessionClosed)
+	}
+}
+
+// Stats returns the manager's counters.
+func (m *Manager) Stats() Stats {
+	m.mu.Lock()
+	n := len(m.sessions)
+	m.mu.Unlock()
+	_, sampling := m.sampler.Stats()
+	return Stats{
+		Sessions:      n,
+		Subscriptions: int(m.subs.Load()),
+		Items:         int(m.items.Load()),
+		Created:       m.created.Load(),
+		Expired:       m.expired.Load(),
+		Messages:      m.messages.Load(),
+		KeepAlives:    m.keepAlives.Load(),
+		Notifications: m.notifications.Load(),
+		Republished:   m.republished.Load(),
+		Dropped:       m.dropped.Load(),
+		TooMany:       m.tooMany.Load(),
+		TimedOut:      m.timedOut.Load(),
+		Sampling:      sampling,
+	}
+}
+
+// responseHeader is the header of a response to req.
+func responseHeader(req ua.Request, code ua.StatusCode, now time.Time) *ua.ResponseHeader {
+	var handle uint32
+	if req != nil {
+		if h := req.Header(); h != nil {
+			handle = h.RequestHandle
+		}
+	}
+	return &ua.ResponseHeader{
+		Timestamp:          now,
+		RequestHandle:      handle,
+		ServiceResult:      code,
+		ServiceDiagnostics: &ua.DiagnosticInfo{},
+		AdditionalHeader:   ua.NewExtensionObject(nil),
+	}
+}
+
+func (m *Manager) header(req ua.Request, code ua.StatusCode) *ua.ResponseHeader {
+	return responseHeader(req, code, m.clock.Wall(m.clock.Now()))
+}
+
+// Fault returns a ServiceFault answering req with code.
+func (m *Manager) Fault(req ua.Request, code ua.StatusCode) *ua.ServiceFault {
+	return &ua.ServiceFault{ResponseHeader: m.header(req, code)}
+}

@@ -1,0 +1,521 @@
+package subscription
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gopcua/opcua/ua"
+)
+
+// PublishCall is one Publish request handed to Session.Publish.
+type PublishCall struct {
+	// Request is the decoded request.
+	Request *ua.PublishRequest
+	// Budget is the largest encoded size of the response, transport headers
+	// included (the client's receive buffer size); 0 means the manager's
+	// MaxResponseBytes.
+	Budget int
+	// Done, if not nil, is closed when the response can no longer be
+	// delivered (the secure channel is gone): the request is then answered
+	// BadSecureChannelClosed instead of consuming a notification message.
+	Done <-chan struct{}
+	// Respond sends the response. It is called exactly once (never, for a
+	// request dropped by the publish-drop fault), possibly on another
+	// goroutine and with the session's lock held: it must not block or call
+	// back into the Session.
+	Respond func(ua.Response)
+}
+
+type pendingPublish struct {
+	call     PublishCall
+	results  []ua.StatusCode
+	deadline time.Duration // 0: none
+}
+
+// Session is the subscription state of one session.
+type Session struct {
+	m   *Manager
+	key any
+
+	mu      sync.Mutex
+	subs    map[uint32]*Subscription
+	order   []*Subscription // creation order, for round robin
+	rr      int
+	pending []*pendingPublish
+	closed  bool
+}
+
+// Subscription is one subscription of a session.
+type Subscription struct {
+	id   uint32
+	sess *Session
+	wake chan struct{} // cap 1: interval changed
+	stop context.CancelFunc
+
+	// Guarded by sess.mu.
+	interval     time.Duration
+	lifetime     uint32
+	keepAlive    uint32
+	maxNotif     uint32
+	priority     uint8
+	enabled      bool
+	seq          uint32                    // next sequence number
+	retrans      []*ua.NotificationMessage // sent, unacknowledged, by sequence number
+	keepAliveCtr uint32
+	lifetimeCtr  uint32
+	late         bool // a cycle had something to send but no request
+	sentFirst    bool
+	items        map[uint32]*MonitoredItem
+	list         []*MonitoredItem // creation order
+	rr           int              // item to start the next message at
+	deleted      bool
+}
+
+// ID returns the subscription id.
+func (sub *Subscription) ID() uint32 { return sub.id }
+
+// Subscriptions returns the ids of the session's subscriptions.
+func (s *Session) Subscriptions() []uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := make([]uint32, 0, len(s.order))
+	for _, sub := range s.order {
+		ids = append(ids, sub.id)
+	}
+	return ids
+}
+
+// Pending returns the number of queued Publish requests.
+func (s *Session) Pending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pending)
+}
+
+func (s *Session) now() time.Duration { return s.m.clock.Now() }
+
+// close deletes every subscription and answers the queued Publish requests
+// with code.
+func (s *Session) close(code ua.StatusCode) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	s.closed = true
+	for _, sub := range slices.Clone(s.order) {
+		s.deleteLocked(sub)
+	}
+	for _, p := range s.pending {
+		p.call.Respond(s.m.Fault(p.call.Request, code))
+	}
+	s.pending = nil
+}
+
+// ---- subscriptions ----
+
+func (s *Session) revise(ms float64, lifetime, keepAlive uint32) (time.Duration, uint32, uint32) {
+	iv := s.m.opts.RevisePublishingInterval(ms)
+	lifetime, keepAlive = s.m.opts.ReviseCounts(iv, lifetime, keepAlive)
+	return iv, lifetime, keepAlive
+}
+
+// CreateSubscription serves the CreateSubscription service.
+func (s *Session) CreateSubscription(r *ua.CreateSubscriptionRequest) ua.Response {
+	m := s.m
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return m.Fault(r, ua.StatusBadSessionClosed)
+	}
+	if len(s.subs) >= m.opts.MaxSubscriptions {
+		return m.Fault(r, ua.StatusBadTooManySubscriptions)
+	}
+	iv, lifetime, keepAlive := s.revise(r.RequestedPublishingInterval, r.RequestedLifetimeCount, r.RequestedMaxKeepAliveCount)
+	id := m.nextSubID.Add(1)
+	ctx, cancel := context.WithCancel(m.ctx)
+	sub := &Subscription{
+		id:        id,
+		sess:      s,
+		wake:      make(chan struct{}, 1),
+		stop:      cancel,
+		interval:  iv,
+		lifetime:  lifetime,
+		keepAlive: keepAlive,
+		maxNotif:  r.MaxNotificationsPerPublish,
+		priority:  r.Priority,
+		enabled:   r.PublishingEnabled,
+		seq:       1,
+		items:     make(map[uint32]*MonitoredItem),
+	}
+	s.subs[id] = sub
+	s.order = append(s.order, sub)
+	m.created.Add(1)
+	m.subs.Add(1)
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		s.run(ctx, sub)
+	}()
+	m.log.Debug("subscription created", "subscription", id, "interval", iv, "lifetime", lifetime, "keepalive", keepAlive)
+	return &ua.CreateSubscriptionResponse{
+		ResponseHeader:            m.header(r, ua.StatusOK),
+		SubscriptionID:            id,
+		RevisedPublishingInterval: durMillis(iv),
+		RevisedLifetimeCount:      lifetime,
+		RevisedMaxKeepAliveCount:  keepAlive,
+	}
+}
+
+func durMillis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// ModifySubscription serves the ModifySubscription service.
+func (s *Session) ModifySubscription(r *ua.ModifySubscriptionRequest) ua.Response {
+	m := s.m
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sub := s.subs[r.SubscriptionID]
+	if sub == nil {
+		return m.Fault(r, ua.StatusBadSubscriptionIDInvalid)
+	}
+	iv, lifetime, keepAlive := s.revise(r.RequestedPublishingInterval, r.RequestedLifetimeCount, r.RequestedMaxKeepAliveCount)
+	changed := iv != sub.interval
+	sub.interval, sub.lifetime, sub.keepAlive = iv, lifetime, keepAlive
+	sub.maxNotif, sub.priority = r.MaxNotificationsPerPublish, r.Priority
+	sub.lifetimeCtr = 0
+	if changed {
+		select {
+		case sub.wake <- struct{}{}:
+		default:
+		}
+	}
+	return &ua.ModifySubscriptionResponse{
+		ResponseHeader:            m.header(r, ua.StatusOK),
+		RevisedPublishingInterval: durMillis(iv),
+		RevisedLifetimeCount:      lifetime,
+		RevisedMaxKeepAliveCount:  keepAlive,
+	}
+}
+
+// DeleteSubscriptions serves the DeleteSubscriptions service.
+func (s *Session) DeleteSubscriptions(r *ua.DeleteSubscriptionsRequest) ua.Response {
+	m := s.m
+	if len(r.SubscriptionIDs) == 0 {
+		return m.Fault(r, ua.StatusBadNothingToDo)
+	}
+	if len(r.SubscriptionIDs) > m.opts.MaxOperations {
+		return m.Fault(r, ua.StatusBadTooManyOperations)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	results := make([]ua.StatusCode, len(r.SubscriptionIDs))
+	for i, id := range r.SubscriptionIDs {
+		sub := s.subs[id]
+		if sub == nil {
+			results[i] = ua.StatusBadSubscriptionIDInvalid
+			continue
+		}
+		s.deleteLocked(sub)
+	}
+	s.noSubscriptionsLocked()
+	return &ua.DeleteSubscriptionsResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
+}
+
+// deleteLocked removes a subscription and its items. s.mu held.
+func (s *Session) deleteLocked(sub *Subscription) {
+	if sub.deleted {
+		return
+	}
+	sub.deleted = true
+	sub.stop()
+	delete(s.subs, sub.id)
+	if i := slices.Index(s.order, sub); i >= 0 {
+		s.order = slices.Delete(s.order, i, i+1)
+	}
+	for _, it := range sub.list {
+		if it.mode != ua.MonitoringModeDisabled {
+			s.m.sampler.Remove(it, it.interval)
+		}
+	}
+	s.m.items.Add(-int64(len(sub.list)))
+	s.m.subs.Add(-1)
+	sub.items, sub.list, sub.retrans = nil, nil, nil
+	s.m.log.Debug("subscription deleted", "subscription", sub.id)
+}
+
+// noSubscriptionsLocked answers queued Publish requests BadNoSubscription
+// once the session has no subscription left. s.mu held.
+func (s *Session) noSubscriptionsLocked() {
+	if len(s.subs) > 0 {
+		return
+	}
+	for _, p := range s.pending {
+		p.call.Respond(s.m.Fault(p.call.Request, ua.StatusBadNoSubscription))
+	}
+	s.pending = nil
+}
+
+// SetPublishingMode serves the SetPublishingMode service.
+func (s *Session) SetPublishingMode(r *ua.SetPublishingModeRequest) ua.Response {
+	m := s.m
+	if len(r.SubscriptionIDs) == 0 {
+		return m.Fault(r, ua.StatusBadNothingToDo)
+	}
+	if len(r.SubscriptionIDs) > m.opts.MaxOperations {
+		return m.Fault(r, ua.StatusBadTooManyOperations)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	results := make([]ua.StatusCode, len(r.SubscriptionIDs))
+	for i, id := range r.SubscriptionIDs {
+		sub := s.subs[id]
+		if sub == nil {
+			results[i] = ua.StatusBadSubscriptionIDInvalid
+			continue
+		}
+		sub.enabled = r.PublishingEnabled
+	}
+	return &ua.SetPublishingModeResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
+}
+
+// ---- monitored items ----
+
+// itemParams validates and revises monitoring parameters.
+func (s *Session) itemParams(sub *Subscription, p *ua.MonitoringParameters, attr ua.AttributeID) (iv time.Duration, size uint32, trigger ua.DataChangeTrigger, code ua.StatusCode) {
+	if p == nil {
+		return 0, 0, 0, ua.StatusBadDecodingError
+	}
+	trigger = ua.DataChangeTriggerStatusValue
+	if p.Filter != nil && p.Filter.Value != nil {
+		f, ok := p.Filter.Value.(*ua.DataChangeFilter)
+		switch {
+		case !ok:
+			return 0, 0, 0, ua.StatusBadMonitoredItemFilterUnsupported
+		case attr != ua.AttributeIDValue:
+			return 0, 0, 0, ua.StatusBadFilterNotAllowed
+		case f.DeadbandType != 0: // deadbands are not supported
+			return 0, 0, 0, ua.StatusBadMonitoredItemFilterUnsupported
+		case f.Trigger > ua.DataChangeTriggerStatusValueTimestamp:
+			return 0, 0, 0, ua.StatusBadMonitoredItemFilterInvalid
+		}
+		trigger = f.Trigger
+	}
+	iv = s.m.opts.ReviseSamplingInterval(p.SamplingInterval, sub.interval)
+	return iv, s.m.opts.ReviseQueueSize(p.QueueSize), trigger, ua.StatusOK
+}
+
+// CreateMonitoredItems serves the CreateMonitoredItems service. Each new
+// item takes an initial sample at once.
+func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Response {
+	m := s.m
+	switch {
+	case len(r.ItemsToCreate) == 0:
+		return m.Fault(r, ua.StatusBadNothingToDo)
+	case len(r.ItemsToCreate) > m.opts.MaxOperations:
+		return m.Fault(r, ua.StatusBadTooManyOperations)
+	case r.TimestampsToReturn > ua.TimestampsToReturnNeither:
+		return m.Fault(r, ua.StatusBadTimestampsToReturnInvalid)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sub := s.subs[r.SubscriptionID]
+	if sub == nil {
+		return m.Fault(r, ua.StatusBadSubscriptionIDInvalid)
+	}
+	now := s.now()
+	st := SampleTime{Mono: now, Wall: m.clock.Wall(now), Deadline: now}
+	results := make([]*ua.MonitoredItemCreateResult, len(r.ItemsToCreate))
+	for i, c := range r.ItemsToCreate {
+		res := &ua.MonitoredItemCreateResult{FilterResult: ua.NewExtensionObject(nil)}
+		results[i] = res
+		if c == nil || c.ItemToMonitor == nil || c.ItemToMonitor.NodeID == nil {
+			res.StatusCode = ua.StatusBadNodeIDUnknown
+			continue
+		}
+		if len(sub.list) >= m.opts.MaxItems {
+			res.StatusCode = ua.StatusBadTooManyMonitoredItems
+			continue
+		}
+		if c.MonitoringMode > ua.MonitoringModeReporting {
+			res.StatusCode = ua.StatusBadMonitoringModeInvalid
+			continue
+		}
+		rv := c.ItemToMonitor
+		if rv.IndexRange != "" {
+			res.StatusCode = ua.StatusBadIndexRangeInvalid
+			continue
+		}
+		if rv.DataEncoding != nil && rv.DataEncoding.Name != "" {
+			res.StatusCode = ua.StatusBadDataEncodingInvalid
+			continue
+		}
+		attr := ua.AttributeID(rv.AttributeID)
+		read, code := m.opts.Source.Resolve(rv.NodeID, attr)
+		if code != ua.StatusOK {
+			res.StatusCode = code
+			continue
+		}
+		iv, size, trigger, code := s.itemParams(sub, c.RequestedParameters, attr)
+		if code != ua.StatusOK {
+			res.StatusCode = code
+			continue
+		}
+		it := &MonitoredItem{
+			id:            m.nextItemID.Add(1),
+			node:          rv.NodeID,
+			attr:          attr,
+			read:          read,
+			clientHandle:  c.RequestedParameters.ClientHandle,
+			interval:      iv,
+			mode:          c.MonitoringMode,
+			handle:        c.RequestedParameters.ClientHandle,
+			ts:            r.TimestampsToReturn,
+			trigger:       trigger,
+			discardOldest: c.RequestedParameters.DiscardOldest,
+			buf:           make([]*ua.DataValue, size),
+		}
+		sub.items[it.id] = it
+		sub.list = append(sub.list, it)
+		m.items.Add(1)
+		if it.mode != ua.MonitoringModeDisabled {
+			it.Sample(st)
+			m.sampler.Add(it, iv)
+		}
+		res.MonitoredItemID = it.id
+		res.RevisedSamplingInterval = durMillis(iv)
+		res.RevisedQueueSize = size
+	}
+	return &ua.CreateMonitoredItemsResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
+}
+
+// ModifyMonitoredItems serves the ModifyMonitoredItems service.
+func (s *Session) ModifyMonitoredItems(r *ua.ModifyMonitoredItemsRequest) ua.Response {
+	m := s.m
+	switch {
+	case len(r.ItemsToModify) == 0:
+		return m.Fault(r, ua.StatusBadNothingToDo)
+	case len(r.ItemsToModify) > m.opts.MaxOperations:
+		return m.Fault(r, ua.StatusBadTooManyOperations)
+	case r.TimestampsToReturn > ua.TimestampsToReturnNeither:
+		return m.Fault(r, ua.StatusBadTimestampsToReturnInvalid)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sub := s.subs[r.SubscriptionID]
+	if sub == nil {
+		return m.Fault(r, ua.StatusBadSubscriptionIDInvalid)
+	}
+	results := make([]*ua.MonitoredItemModifyResult, len(r.ItemsToModify))
+	for i, c := range r.ItemsToModify {
+		res := &ua.MonitoredItemModifyResult{FilterResult: ua.NewExtensionObject(nil)}
+		results[i] = res
+		var it *MonitoredItem
+		if c != nil {
+			it = sub.items[c.MonitoredItemID]
+		}
+		if it == nil {
+			res.StatusCode = ua.StatusBadMonitoredItemIDInvalid
+			continue
+		}
+		iv, size, trigger, code := s.itemParams(sub, c.RequestedParameters, it.attr)
+		if code != ua.StatusOK {
+			res.StatusCode = code
+			continue
+		}
+		if iv != it.interval && it.mode != ua.MonitoringModeDisabled {
+			m.sampler.Remove(it, it.interval)
+			m.sampler.Add(it, iv)
+		}
+		it.interval = iv
+		it.clientHandle = c.RequestedParameters.ClientHandle
+		it.mu.Lock()
+		it.handle = it.clientHandle
+		it.ts = r.TimestampsToReturn
+		it.trigger = trigger
+		it.discardOldest = c.RequestedParameters.DiscardOldest
+		it.resize(int(size))
+		it.mu.Unlock()
+		res.RevisedSamplingInterval = durMillis(iv)
+		res.RevisedQueueSize = size
+	}
+	return &ua.ModifyMonitoredItemsResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
+}
+
+// DeleteMonitoredItems serves the DeleteMonitoredItems service.
+func (s *Session) DeleteMonitoredItems(r *ua.DeleteMonitoredItemsRequest) ua.Response {
+	m := s.m
+	switch {
+	case len(r.MonitoredItemIDs) == 0:
+		return m.Fault(r, ua.StatusBadNothingToDo)
+	case len(r.MonitoredItemIDs) > m.opts.MaxOperations:
+		return m.Fault(r, ua.StatusBadTooManyOperations)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sub := s.subs[r.SubscriptionID]
+	if sub == nil {
+		return m.Fault(r, ua.StatusBadSubscriptionIDInvalid)
+	}
+	results := make([]ua.StatusCode, len(r.MonitoredItemIDs))
+	gone := make(map[*MonitoredItem]bool)
+	for i, id := range r.MonitoredItemIDs {
+		it := sub.items[id]
+		if it == nil {
+			results[i] = ua.StatusBadMonitoredItemIDInvalid
+			continue
+		}
+		delete(sub.items, id)
+		gone[it] = true
+		if it.mode != ua.MonitoringModeDisabled {
+			m.sampler.Remove(it, it.interval)
+		}
+	}
+	if len(gone) > 0 {
+		sub.list = slices.DeleteFunc(sub.list, func(it *MonitoredItem) bool { return gone[it] })
+		sub.rr = 0
+		m.items.Add(-int64(len(gone)))
+	}
+	return &ua.DeleteMonitoredItemsResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
+}
+
+// SetMonitoringMode serves the SetMonitoringMode service.
+func (s *Session) SetMonitoringMode(r *ua.SetMonitoringModeRequest) ua.Response {
+	m := s.m
+	switch {
+	case len(r.MonitoredItemIDs) == 0:
+		return m.Fault(r, ua.StatusBadNothingToDo)
+	case len(r.MonitoredItemIDs) > m.opts.MaxOperations:
+		return m.Fault(r, ua.StatusBadTooManyOperations)
+	case r.MonitoringMode > ua.MonitoringModeReporting:
+		return m.Fault(r, ua.StatusBadMonitoringModeInvalid)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sub := s.subs[r.SubscriptionID]
+	if sub == nil {
+		return m.Fault(r, ua.StatusBadSubscriptionIDInvalid)
+	}
+	now := s.now()
+	st := SampleTime{Mono: now, Wall: m.clock.Wall(now), Deadline: now}
+	results := make([]ua.StatusCode, len(r.MonitoredItemIDs))
+	for i, id := range r.MonitoredItemIDs {
+		it := sub.items[id]
+		if it == nil {
+			results[i] = ua.StatusBadMonitoredItemIDInvalid
+			continue
+		}
+		was := it.mode
+		it.mode = r.MonitoringMode
+		switch {
+		case was == ua.MonitoringModeDisabled && it.mode != ua.MonitoringModeDisabled:
+			it.Sample(st)
+			m.sampler.Add(it, it.interval)
+		case was != ua.MonitoringModeDisabled && it.mode == ua.MonitoringModeDisabled:
+			m.sampler.Remove(it, it.interval)
+			it.clear()
+		}
+	}
+	return &ua.SetMonitoringModeResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
+}

@@ -1,0 +1,180 @@
+package fairness_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
+	"github.com/opcua-chaos/opcua-chaos/toxics"
+)
+
+// Timeline of every fairness run: warm up, then windows judged.
+const (
+	warmup  = 2 * time.Second
+	window  = 2 * time.Second
+	windows = 4
+	runFor  = warmup + windows*window + 500*time.Millisecond
+	// service is the server CPU each request burns (Busy.<µs>): long
+	// enough that the server, not the load driver, is the bottleneck.
+	service = time.Millisecond
+	// deep is the per-session pipeline depth: a client-side backlog only
+	// proves a server-side one when it is deep (FIELD-NOTES).
+	deep = 100
+)
+
+// owners describes the sessions of each owner in a run.
+type owner struct {
+	user     string
+	password string
+	sessions int
+}
+
+// runShare drives every owner's sessions with deep pipelines of Busy reads
+// under cond, while sampling the server's CPU, and returns the recorder and
+// the extra figures (load and server usage).
+func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, owners []owner) (*history.Recorder, map[string]float64) {
+	GinkgoHelper()
+	rec := h.NewRecorder(map[string]string{"condition": cond.Name})
+	_, err := spec.Apply(ctx, e, rec, cond)
+	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
+
+	p := load.Profile{Name: "share", Endpoint: e.Endpoint, Duration: runFor, RequestTimeout: 30 * time.Second}
+	for _, o := range owners {
+		p.Sessions = append(p.Sessions, load.Sessions(o.sessions, o.user+"-", load.Session{
+			User: o.user, Password: o.password, Outstanding: deep,
+			Requests: []load.Request{load.BusyRead(service)},
+		})...)
+	}
+	var mon *env.Monitor
+	if e.Server != nil {
+		mon = e.MonitorServer(ctx, 250*time.Millisecond)
+	}
+	st, err := load.Run(ctx, rec, p)
+	Expect(err).NotTo(HaveOccurred(), "run load")
+	figs := st.Figures()
+	if mon != nil {
+		us, err := mon.Stop()
+		Expect(err).NotTo(HaveOccurred(), "sample server usage")
+		for k, v := range us.Figures() {
+			figs[k] = v
+		}
+		limit := float64(cond.NanoCPUs) / 1e9
+		if limit > 0 {
+			figs["server.cpu_limit"] = limit
+			// Precondition: a CPU-limited server must be saturated, or the
+			// shares say nothing about its scheduler.
+			Expect(us.Cores).To(BeNumerically(">=", 0.8*limit),
+				"precondition: server used %.2f cores of its %.2f limit: not saturated", us.Cores, limit)
+		}
+	}
+	return rec, figs
+}
+
+// shareSpan is the judged part of a run: whole windows after the warm-up.
+var shareSpan = check.Span{From: warmup, To: warmup + windows*window, Window: window}
+
+// ownerRatios returns, per valid window of a windowed-share result, the
+// served count of a divided by that of b.
+func ownerRatios(r check.Result, a, b string) []float64 {
+	var out []float64
+	for _, w := range r.Windows {
+		if !w.Valid || w.Figures["served."+b] == 0 {
+			continue
+		}
+		out = append(out, w.Figures["served."+a]/w.Figures["served."+b])
+	}
+	return out
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n == 0 {
+		return 0
+	}
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+var _ = Describe("Fairness", spec.Property("fairness"), func() {
+	for _, cond := range toxics.CI() {
+		Context("under "+cond.Name, spec.Condition(cond.Name), func() {
+			var e *env.Env
+			BeforeEach(func(ctx SpecContext) {
+				var err error
+				e, err = h.Start(ctx)
+				Expect(err).NotTo(HaveOccurred(), "start environment")
+			}, NodeTimeout(2*time.Minute))
+
+			It("keeps a flooding owner from starving another of equal weight", func(ctx SpecContext) {
+				flood, victim := mustUser(0), mustUser(1)
+				rec, figs := runShare(ctx, e, cond, []owner{
+					{flood.Name, flood.Password, 8},
+					{victim.Name, victim.Password, 2},
+				})
+				v := spec.Judge("fairness", cond.Name, rec, figs,
+					check.Spec{Name: "isolation", Config: check.ShareConfig{
+						Span: shareSpan, Owners: []string{flood.Name, victim.Name},
+						Kinds: []history.Kind{history.KindBusyRead}, MinRatio: 0.8, MinOutstanding: deep / 2, MinServed: 20,
+					}},
+					check.Spec{Name: "isolation-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{history.KindBusyRead}}},
+				)
+				Expect(v.Failed).To(BeFalse(), v.Explanation)
+				r := v.Results[0]
+				for _, w := range r.Windows {
+					Expect(w.Figures["served."+victim.Name]).To(BeNumerically(">", 0),
+						"owner %s was not served in window %d:\n%s", victim.Name, w.Index, v.Explanation)
+				}
+				// min/max of two equal owners ≥ 0.8 is the 0.8–1.25 band.
+				Expect(r.Figures["median_ratio"]).To(BeNumerically(">=", 0.8), v.Explanation)
+			}, SpecTimeout(90*time.Second))
+
+			It("serves owners weighted 1:3 in proportion (median of windows 2.5–3.5)", func(ctx SpecContext) {
+				if !e.Target.Weights {
+					Skip(fmt.Sprintf("target %s does not declare configurable owner weights", e.Target.Name))
+				}
+				// The reference server weighs heavy:3,light:1 by default
+				// (OPCUA_OWNER_WEIGHTS); both owners get the same sessions.
+				heavy, light := mustUser(2), mustUser(3)
+				rec, figs := runShare(ctx, e, cond, []owner{
+					{heavy.Name, heavy.Password, 4},
+					{light.Name, light.Password, 4},
+				})
+				v := spec.Judge("fairness", cond.Name, rec, figs,
+					check.Spec{Name: "weighted", Config: check.ShareConfig{
+						Span: shareSpan, Owners: []string{heavy.Name, light.Name},
+						Weights: map[string]float64{heavy.Name: 3, light.Name: 1},
+						Kinds:   []history.Kind{history.KindBusyRead}, MinRatio: 2.5 / 3, MinOutstanding: deep / 2, MinServed: 20,
+					}},
+					check.Spec{Name: "weighted-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{history.KindBusyRead}}},
+				)
+				ratios := ownerRatios(v.Results[0], heavy.Name, light.Name)
+				m := median(ratios)
+				spec.Record(spec.Row("fairness", cond.Name, map[string]float64{"weighted.heavy_light_median": m}))
+				Expect(v.Failed).To(BeFalse(), v.Explanation)
+				Expect(m).To(BeNumerically(">=", 2.5), "median heavy/light %.2f over windows %v\n%s", m, ratios, v.Explanation)
+				Expect(m).To(BeNumerically("<=", 3.5), "median heavy/light %.2f over windows %v\n%s", m, ratios, v.Explanation)
+			}, SpecTimeout(90*time.Second))
+		})
+	}
+})
+
+// mustUser returns the target's i-th user or fails the spec.
+func mustUser(i int) struct{ Name, Password string } {
+	GinkgoHelper()
+	u, err := h.Setup.Target.User(i)
+	Expect(err).NotTo(HaveOccurred())
+	return struct{ Name, Password string }{u.Name, u.Password}
+}
