@@ -30,7 +30,7 @@ endif
 
 UNIT_PKGS = $$(go list ./... | grep -v '/suites/')
 
-.PHONY: help chaos test fmt-check vet unit images clean recheck $(CHAOS)
+.PHONY: help chaos test fmt-check vet unit images clean faults recheck $(CHAOS)
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -62,6 +62,9 @@ images: $(CHAOS) ## build (or reuse) the server and toxiproxy images
 
 clean: $(CHAOS) ## remove every container, network and image of this project
 	@$(CHAOS) clean
+
+faults: ## run each server fault switch against the suite aimed at it; every one must be caught
+	bash ci/faults.sh
 
 recheck: ## re-run the checkers on a saved report: make recheck DIR=reports/<run>/...
 	@test -n "$(DIR)" || { echo "error: make recheck needs DIR=<saved report folder>"; exit 2; }

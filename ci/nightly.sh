@@ -11,3 +11,5 @@ for i in $(seq 1 "$REPEATS"); do
 	echo "nightly: round $i of $REPEATS"
 	make chaos RUN="nightly-$(date -u +%Y%m%d-%H%M%S)-r$i" LABEL_FILTER="${LABEL_FILTER:-ci || soak}"
 done
+echo "nightly: fault matrix"
+bash ci/faults.sh

@@ -21,6 +21,8 @@ const (
 	DefaultHighMark  = 100
 	DefaultLowMark   = 50
 	DefaultQueueSize = 10000
+	// MaxCounters bounds Config.Counters (OPCUA_COUNTERS).
+	MaxCounters = 1_000_000
 )
 
 // Fault names one deliberate bug the server can switch on (OPCUA_FAULTS), so
@@ -51,12 +53,19 @@ const (
 	// FaultSerialDispatch serves all requests on one goroutine (gopcua's
 	// stock server behaviour).
 	FaultSerialDispatch Fault = "serial-dispatch"
+	// FaultSamplingDrift makes the sampler wait one interval after each
+	// sample instead of keeping absolute deadlines (seed 003's bug).
+	FaultSamplingDrift Fault = "sampling-drift"
+	// FaultPublishDrop silently drops Publish requests beyond a small number
+	// (3) queued per session (gopcua's stock server drops those beyond 100).
+	FaultPublishDrop Fault = "publish-drop"
 )
 
 // AllFaults lists every fault switch.
 var AllFaults = []Fault{
 	FaultUnweighted, FaultTurnStall, FaultLostWakeup, FaultNoBackpressure,
 	FaultFaultOnOverflow, FaultCancelLeak, FaultCancelDouble, FaultSerialDispatch,
+	FaultSamplingDrift, FaultPublishDrop,
 }
 
 // Faults is a set of enabled fault switches.
@@ -160,6 +169,9 @@ type Config struct {
 	MinSessionTimeout time.Duration
 	// MaxSessions bounds concurrent sessions (1000).
 	MaxSessions int
+	// Counters is the number of SampledCounter.<i> and FastCounter.<i>
+	// nodes (subscription.DefaultCounters, 4096).
+	Counters int
 	// Faults are the enabled fault switches.
 	Faults Faults
 	// Logger receives the server's log; nil means slog.Default().
@@ -177,6 +189,7 @@ type Config struct {
 //	-queue / OPCUA_QUEUE_SIZE         total queue bound
 //	OPCUA_OWNER_QUEUE_SIZE            per-owner queue ceiling
 //	OPCUA_BACKPRESSURE                high:low pending responses (100:50)
+//	OPCUA_COUNTERS                    SampledCounter/FastCounter nodes (4096)
 //	OPCUA_FAULTS                      fault switches, comma separated
 //
 // Errors name the offending flag or variable.
@@ -228,6 +241,12 @@ func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 	}
 	if cfg.OwnerQueueSize, err = positive(getenv("OPCUA_OWNER_QUEUE_SIZE"), "OPCUA_OWNER_QUEUE_SIZE"); err != nil {
 		return cfg, err
+	}
+	if cfg.Counters, err = positive(getenv("OPCUA_COUNTERS"), "OPCUA_COUNTERS"); err != nil {
+		return cfg, err
+	}
+	if cfg.Counters > MaxCounters {
+		return cfg, fmt.Errorf("OPCUA_COUNTERS: at most %d, got %d", MaxCounters, cfg.Counters)
 	}
 	if bp := getenv("OPCUA_BACKPRESSURE"); bp != "" {
 		hi, lo, ok := strings.Cut(bp, ":")

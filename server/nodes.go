@@ -211,6 +211,9 @@ func (s *Server) standardValue(i uint32) (any, bool) {
 
 // ownValue serves namespace 1.
 func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
+	if v, ok := s.subscriptionValue(name); ok {
+		return v, true, nil
+	}
 	if rest, ok := strings.CutPrefix(name, "Slow."); ok {
 		ms, err := strconv.Atoi(rest)
 		if err != nil || ms < 0 || ms > MaxSlowMillis {

@@ -20,6 +20,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/fairqueue"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/session"
+	"github.com/opcua-chaos/opcua-chaos/server/internal/subscription"
 )
 
 // ReadyMessage is the message of the one log line the server writes once it
@@ -44,6 +45,8 @@ type Server struct {
 	queue       *fairqueue.Queue[*job]
 	busyWorkers atomic.Int64
 	chans       chanStats
+	subs        *subscription.Manager  // subscriptions of all sessions
+	counters    *subscription.Counters // SampledCounter / FastCounter nodes
 
 	connsMu sync.Mutex
 	conns   map[*conn]struct{} // live secure channels
@@ -124,6 +127,7 @@ func New(cfg Config) (*Server, error) {
 		chans: chanStats{live: map[*channel.Channel]struct{}{}},
 		conns: map[*conn]struct{}{},
 	}
+	s.newSubscriptions()
 	var seed [8]byte
 	_, _ = rand.Read(seed[:])
 	s.nextChannelID.Store(binary.LittleEndian.Uint32(seed[:4]) >> 1)
@@ -215,6 +219,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	workers.Wait()
 	s.wg.Wait()
 	s.sessions.CloseAll()
+	s.subs.Close()
 	s.log.Info("stopped")
 	return err
 }
@@ -243,6 +248,7 @@ type conn struct {
 	localAddr   string
 	ctx         context.Context // cancelled when the channel is gone
 	queued      queued          // its requests in the fair queue
+	maxResponse int             // largest response the client accepts
 }
 
 func (s *Server) serveConn(ctx context.Context, c net.Conn) {
@@ -264,7 +270,7 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	cn := &conn{id: id, remoteIP: host, endpointURL: t.EndpointURL, localAddr: local, ctx: ctx}
+	cn := &conn{id: id, remoteIP: host, endpointURL: t.EndpointURL, localAddr: local, ctx: ctx, maxResponse: t.MaxResponseSize}
 	cn.queued.jobs = make(map[*job]struct{})
 
 	s.stats.channels.Add(1)

@@ -106,6 +106,10 @@ func (s *Server) handle(cn *conn, ch *channel.Channel, msg channel.Message) {
 		})
 		return
 	default:
+		if isSubscriptionService(req) {
+			s.subscriptionService(cn, ch, msg.RequestID, req, now)
+			return
+		}
 		resp = s.fault(req, ua.StatusBadServiceUnsupported)
 	}
 	ch.Respond(msg.RequestID, resp)

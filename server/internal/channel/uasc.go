@@ -27,6 +27,10 @@ type SecureTransport struct {
 	sc   *uasc.SecureChannel
 	// EndpointURL is the endpoint URL the client sent in its Hello message.
 	EndpointURL string
+	// MaxResponseSize is the largest message the client accepts: its
+	// receive buffer size, or its max message size if smaller and not 0.
+	// uasc writes a response as one chunk, so no response may exceed it.
+	MaxResponseSize int
 }
 
 // Accept runs the UACP Hello/Acknowledge handshake on c (which must be a
@@ -79,7 +83,11 @@ func Accept(c net.Conn, ids IDs, timeout time.Duration) (*SecureTransport, error
 		conn.Close()
 		return nil, err
 	}
-	return &SecureTransport{conn: conn, sc: sc, EndpointURL: hel.EndpointURL}, nil
+	limit := int(min(hel.ReceiveBufSize, ack.SendBufSize))
+	if hel.MaxMessageSize > 0 {
+		limit = min(limit, int(hel.MaxMessageSize))
+	}
+	return &SecureTransport{conn: conn, sc: sc, EndpointURL: hel.EndpointURL, MaxResponseSize: limit}, nil
 }
 
 // Receive returns the next service request. OpenSecureChannel requests are

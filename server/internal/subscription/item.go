@@ -30,10 +30,11 @@ type MonitoredItem struct {
 	discardOldest bool
 	buf           []*ua.DataValue // ring of queued values
 	head, n       int
-	last          *ua.DataValue // last sampled value (for the trigger)
-	samples       int64         // samples taken
-	queued        int64         // values queued
-	discarded     int64         // values discarded by overflow
+	last          lastValue // last sampled value (for the trigger)
+	hasLast       bool
+	samples       int64 // samples taken
+	queued        int64 // values queued
+	discarded     int64 // values discarded by overflow
 }
 
 // ID returns the monitored item id.
@@ -49,32 +50,28 @@ func (it *MonitoredItem) Stats() (samples, queued, discarded int64) {
 // Sample implements Target: read the value and queue it if the trigger says
 // it changed.
 func (it *MonitoredItem) Sample(t SampleTime) {
-	dv := it.read(t)
+	dv := it.read(t) // a fresh value the item now owns
 	if dv == nil {
 		return
 	}
 	it.mu.Lock()
 	defer it.mu.Unlock()
 	it.samples++
-	if !changed(it.last, dv, it.trigger) {
+	if it.hasLast && !changed(&it.last, dv, it.trigger) {
 		return
 	}
-	it.last = dv
-	out := *dv
+	it.hasLast = true
+	it.last = lastValue{value: dv.Value, status: dv.Status, source: dv.SourceTimestamp}
 	switch it.ts {
-	case ua.TimestampsToReturnSource:
-	case ua.TimestampsToReturnServer:
-		out.EncodingMask &^= ua.DataValueSourceTimestamp | ua.DataValueSourcePicoseconds
-		out.SourceTimestamp = time.Time{}
-	case ua.TimestampsToReturnNeither:
-		out.EncodingMask &^= ua.DataValueSourceTimestamp | ua.DataValueSourcePicoseconds
-		out.SourceTimestamp = time.Time{}
+	case ua.TimestampsToReturnServer, ua.TimestampsToReturnNeither:
+		dv.EncodingMask &^= ua.DataValueSourceTimestamp | ua.DataValueSourcePicoseconds
+		dv.SourceTimestamp = time.Time{}
 	}
 	if it.ts == ua.TimestampsToReturnServer || it.ts == ua.TimestampsToReturnBoth {
-		out.EncodingMask |= ua.DataValueServerTimestamp
-		out.ServerTimestamp = t.Wall
+		dv.EncodingMask |= ua.DataValueServerTimestamp
+		dv.ServerTimestamp = t.Wall
 	}
-	it.push(&out)
+	it.push(dv)
 }
 
 // push queues v, honouring the queue size and discardOldest. it.mu held.
@@ -163,25 +160,29 @@ func (it *MonitoredItem) clear() {
 		it.head = (it.head + 1) % len(it.buf)
 		it.n--
 	}
-	it.last = nil
+	it.hasLast = false
+}
+
+// lastValue is what the trigger compares with.
+type lastValue struct {
+	value  *ua.Variant
+	status ua.StatusCode
+	source time.Time
 }
 
 // changed applies a DataChangeFilter trigger.
-func changed(last, dv *ua.DataValue, trigger ua.DataChangeTrigger) bool {
-	if last == nil {
-		return true
-	}
-	if last.Status != dv.Status {
+func changed(last *lastValue, dv *ua.DataValue, trigger ua.DataChangeTrigger) bool {
+	if last.status != dv.Status {
 		return true
 	}
 	if trigger == ua.DataChangeTriggerStatus {
 		return false
 	}
-	if !sameValue(last.Value, dv.Value) {
+	if !sameValue(last.value, dv.Value) {
 		return true
 	}
 	if trigger == ua.DataChangeTriggerStatusValueTimestamp {
-		return !last.SourceTimestamp.Equal(dv.SourceTimestamp)
+		return !last.source.Equal(dv.SourceTimestamp)
 	}
 	return false
 }

@@ -1,0 +1,182 @@
+package server
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/gopcua/opcua/ua"
+
+	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
+	"github.com/opcua-chaos/opcua-chaos/server/internal/session"
+	"github.com/opcua-chaos/opcua-chaos/server/internal/subscription"
+)
+
+// The namespace 1 nodes of the subscription layer (Int64).
+const (
+	NodeSubscriptions        = "Subscription.Count"         // live subscriptions
+	NodeMonitoredItems       = "Subscription.Items"         // live monitored items
+	NodeNotifications        = "Subscription.Notifications" // data change notifications sent
+	NodeNotificationMessages = "Subscription.Messages"      // notification messages sent
+	NodeKeepAlives           = "Subscription.KeepAlives"    // keep-alive messages sent
+	NodePublishDropped       = "Subscription.PublishDropped"
+	NodeSamplingCycles       = "Sampling.Cycles"        // sampling cycles run, all groups
+	NodeSamplingSamples      = "Sampling.Samples"       // samples taken
+	NodeSamplingLate         = "Sampling.Late"          // cycles started ≥ 1 interval late
+	NodeSamplingMissed       = "Sampling.Missed"        // grid points skipped
+	NodeSamplingMaxLateness  = "Sampling.MaxLatenessUs" // worst cycle start delay, µs
+)
+
+// newSubscriptions builds the server's counter nodes and subscription
+// manager from its config.
+func (s *Server) newSubscriptions() {
+	clock := subscription.NewRealClock()
+	s.counters = subscription.NewCounters(1, s.cfg.Counters, clock)
+	s.subs = subscription.New(context.Background(), subscription.Options{
+		Clock:         clock,
+		Source:        subscription.Sources{s.counters, nodeSource{s}},
+		Logger:        s.log,
+		SamplingDrift: s.cfg.Faults.Has(FaultSamplingDrift),
+		PublishDrop:   s.cfg.Faults.Has(FaultPublishDrop),
+	})
+}
+
+// nodeSource lets monitored items sample the server's other nodes (not the
+// Slow and Busy nodes, which would stall a sampling group).
+type nodeSource struct{ s *Server }
+
+// Resolve implements subscription.Source.
+func (n nodeSource) Resolve(node *ua.NodeID, attr ua.AttributeID) (subscription.ReadFunc, ua.StatusCode) {
+	if node.Namespace() == 1 && node.Type() == ua.NodeIDTypeString {
+		if id := node.StringID(); strings.HasPrefix(id, "Slow.") || strings.HasPrefix(id, "Busy.") {
+			return nil, ua.StatusBadNodeIDUnknown
+		}
+	}
+	ctx := context.Background()
+	if _, ok, _ := n.s.value(ctx, node); !ok {
+		return nil, ua.StatusBadNodeIDUnknown
+	}
+	if attr != ua.AttributeIDValue {
+		return nil, ua.StatusBadAttributeIDInvalid
+	}
+	return func(t subscription.SampleTime) *ua.DataValue {
+		v, ok, _ := n.s.value(ctx, node)
+		if !ok {
+			return &ua.DataValue{EncodingMask: ua.DataValueStatusCode, Status: ua.StatusBadNodeIDUnknown}
+		}
+		variant, err := ua.NewVariant(v)
+		if err != nil {
+			return &ua.DataValue{EncodingMask: ua.DataValueStatusCode, Status: ua.StatusBadInternalError}
+		}
+		return &ua.DataValue{
+			EncodingMask:    ua.DataValueValue | ua.DataValueSourceTimestamp,
+			Value:           variant,
+			SourceTimestamp: t.Wall,
+		}
+	}, ua.StatusOK
+}
+
+// subscriptionState returns the subscription state of a session, creating
+// it (and arranging its deletion when the session closes) on first use.
+func (s *Server) subscriptionState(sess *session.Session) *subscription.Session {
+	ss, created := s.subs.Session(sess)
+	if created {
+		sess.OnClose(func() { s.subs.CloseSession(sess) })
+	}
+	return ss
+}
+
+// isSubscriptionService reports whether req is served by subscriptionService.
+func isSubscriptionService(req ua.Request) bool {
+	switch req.(type) {
+	case *ua.CreateSubscriptionRequest, *ua.ModifySubscriptionRequest, *ua.DeleteSubscriptionsRequest,
+		*ua.SetPublishingModeRequest, *ua.CreateMonitoredItemsRequest, *ua.ModifyMonitoredItemsRequest,
+		*ua.DeleteMonitoredItemsRequest, *ua.SetMonitoringModeRequest, *ua.PublishRequest, *ua.RepublishRequest:
+		return true
+	}
+	return false
+}
+
+// subscriptionService serves a subscription service on the channel's reader
+// (all are cheap; Publish is queued and answered later). It answers the
+// request itself.
+func (s *Server) subscriptionService(cn *conn, ch *channel.Channel, reqID uint32, req ua.Request, now time.Time) {
+	respond := func(r ua.Response) {
+		if f, ok := r.(*ua.ServiceFault); ok && f.ResponseHeader.ServiceResult != ua.StatusOK {
+			s.stats.rejectedRequests.Add(1)
+		}
+		ch.Respond(reqID, r)
+	}
+	sess, code := s.checkSession(cn, req.Header(), now)
+	if code != ua.StatusOK {
+		ch.Respond(reqID, s.fault(req, code))
+		return
+	}
+	ss := s.subscriptionState(sess)
+	switch r := req.(type) {
+	case *ua.CreateSubscriptionRequest:
+		respond(ss.CreateSubscription(r))
+	case *ua.ModifySubscriptionRequest:
+		respond(ss.ModifySubscription(r))
+	case *ua.DeleteSubscriptionsRequest:
+		respond(ss.DeleteSubscriptions(r))
+	case *ua.SetPublishingModeRequest:
+		respond(ss.SetPublishingMode(r))
+	case *ua.CreateMonitoredItemsRequest:
+		respond(ss.CreateMonitoredItems(r))
+	case *ua.ModifyMonitoredItemsRequest:
+		respond(ss.ModifyMonitoredItems(r))
+	case *ua.DeleteMonitoredItemsRequest:
+		respond(ss.DeleteMonitoredItems(r))
+	case *ua.SetMonitoringModeRequest:
+		respond(ss.SetMonitoringMode(r))
+	case *ua.RepublishRequest:
+		respond(ss.Republish(r))
+	case *ua.PublishRequest:
+		ss.Publish(subscription.PublishCall{
+			Request: r,
+			Budget:  cn.maxResponse,
+			Done:    cn.ctx.Done(),
+			Respond: respond,
+		})
+	default:
+		respond(s.fault(req, ua.StatusBadServiceUnsupported))
+	}
+}
+
+// subscriptionValue serves the counter and subscription diagnostics nodes
+// of namespace 1.
+func (s *Server) subscriptionValue(name string) (any, bool) {
+	if v, _, ok := s.counters.Value(name); ok {
+		return v, true
+	}
+	if !strings.HasPrefix(name, "Subscription.") && !strings.HasPrefix(name, "Sampling.") {
+		return nil, false
+	}
+	st := s.subs.Stats()
+	switch name {
+	case NodeSubscriptions:
+		return int64(st.Subscriptions), true
+	case NodeMonitoredItems:
+		return int64(st.Items), true
+	case NodeNotifications:
+		return st.Notifications, true
+	case NodeNotificationMessages:
+		return st.Messages, true
+	case NodeKeepAlives:
+		return st.KeepAlives, true
+	case NodePublishDropped:
+		return st.Dropped, true
+	case NodeSamplingCycles:
+		return st.Sampling.Cycles, true
+	case NodeSamplingSamples:
+		return st.Sampling.Samples, true
+	case NodeSamplingLate:
+		return st.Sampling.Late, true
+	case NodeSamplingMissed:
+		return st.Sampling.Missed, true
+	case NodeSamplingMaxLateness:
+		return int64(st.Sampling.MaxLateness / time.Microsecond), true
+	}
+	return nil, false
+}

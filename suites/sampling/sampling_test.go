@@ -1,0 +1,78 @@
+package sampling_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/subscribe"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
+	"github.com/opcua-chaos/opcua-chaos/toxics"
+)
+
+const (
+	property = "sampling"
+	// interval is 100 Hz sampling (the o6 criterion).
+	interval = 10 * time.Millisecond
+	// publishing batches samples; the queue holds four intervals of them.
+	publishing = 100 * time.Millisecond
+	// warmup leaves out the subscription's start; judged is the measured
+	// span after it, by the samples' source timestamps.
+	warmup = 1500 * time.Millisecond
+	judged = 5 * time.Second
+)
+
+var _ = Describe("100 Hz sampling", spec.Property(property), func() {
+	for _, cond := range toxics.CI() {
+		Context("under "+cond.Name, spec.Condition(cond.Name), func() {
+			var e *env.Env
+			BeforeEach(func(ctx SpecContext) {
+				var err error
+				e, err = h.Start(ctx)
+				Expect(err).NotTo(HaveOccurred(), "start environment")
+			}, NodeTimeout(2*time.Minute))
+
+			for _, items := range []int{1, 1024} {
+				It(fmt.Sprintf("delivers ≥ 99 %% of the samples of each of %d item(s) at 10 ms", items), func(ctx SpecContext) {
+					rec := h.NewRecorder(map[string]string{"condition": cond.Name, "items": fmt.Sprint(items)})
+					_, err := spec.Apply(ctx, e, rec, cond)
+					Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
+
+					c, err := uaclient.Open(ctx, e.Endpoint)
+					Expect(err).NotTo(HaveOccurred(), "open session")
+					DeferCleanup(func(ctx context.Context) { _ = c.Close(ctx) }, NodeTimeout(10*time.Second))
+
+					// Several Publish requests outstanding so a response in
+					// flight over a slow link never leaves the server
+					// without one.
+					st, err := subscribe.Run(ctx, rec, c, subscribe.Config{
+						Client: "sub", Items: items, Sampling: interval, Publishing: publishing,
+						Outstanding: 4, Duration: warmup + judged + time.Second,
+					})
+					Expect(err).NotTo(HaveOccurred(), "subscribe")
+					figs := st.Figures()
+					span := check.Span{From: warmup, To: warmup + judged, Count: 5}
+					v := spec.Judge(property, cond.Name, rec, figs,
+						check.Spec{Name: fmt.Sprintf("items-%d", items), Config: check.SamplingConfig{
+							Span:     span,
+							Interval: interval, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.99,
+						}},
+						check.Spec{Name: fmt.Sprintf("items-%d-publish", items), Config: check.ErrorBudgetConfig{
+							// Publish requests still out when the run ends are
+							// abandoned by the client, not lost: judge the span.
+							Span: span, Kinds: []history.Kind{history.KindPublish}}},
+					)
+					Expect(st.RevisedSampling).To(BeNumerically("<=", interval), "the server revised the 10 ms sampling interval to %v", st.RevisedSampling)
+					Expect(v.Failed).To(BeFalse(), v.Explanation)
+				}, SpecTimeout(time.Minute))
+			}
+		})
+	}
+})

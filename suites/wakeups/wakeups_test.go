@@ -1,0 +1,129 @@
+package wakeups_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
+	"github.com/opcua-chaos/opcua-chaos/toxics"
+)
+
+const property = "wakeups"
+
+// maxStall is the longest time requests may be outstanding with nothing
+// completing (issue: no stall window ≥ 500 ms). The idle gaps of the bursty
+// profile are longer, so a request stranded until the next burst shows.
+const maxStall = 500 * time.Millisecond
+
+// start starts the environment with the reference server's worker pool
+// set to workers (ignored by other targets) and applies cond.
+func start(ctx context.Context, cond toxics.Condition, workers int) (*env.Env, *history.Recorder) {
+	GinkgoHelper()
+	var opts []env.Option
+	if workers > 0 {
+		opts = append(opts, env.WithServerEnv(map[string]string{"OPCUA_WORKERS": fmt.Sprint(workers)}))
+	}
+	e, err := h.Start(ctx, opts...)
+	Expect(err).NotTo(HaveOccurred(), "start environment")
+	rec := h.NewRecorder(map[string]string{"condition": cond.Name, "workers": fmt.Sprint(workers)})
+	_, err = spec.Apply(ctx, e, rec, cond)
+	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
+	return e, rec
+}
+
+// stallCheck is the wakeup property: every request completes and no
+// session waits maxStall with requests outstanding and nothing completing.
+func stallCheck(name string, kinds ...history.Kind) check.Spec {
+	return check.Spec{Name: name, Config: check.StallConfig{
+		GroupBy: check.BySession, MaxStall: maxStall, Kinds: kinds,
+		// Bounded: queueing behind at most a few hundred requests of a
+		// few ms each, plus 2×(20±5) ms of link latency.
+		MaxLatency: 3 * time.Second,
+	}}
+}
+
+func run(ctx context.Context, rec *history.Recorder, p load.Profile) map[string]float64 {
+	GinkgoHelper()
+	st, err := load.Run(ctx, rec, p)
+	Expect(err).NotTo(HaveOccurred(), "run load %s", p.Name)
+	Expect(st.SessionsFailed).To(BeZero(), "sessions that could not be opened")
+	return st.Figures()
+}
+
+var _ = Describe("No lost wakeups", spec.Property(property), func() {
+	for _, cond := range toxics.CI() {
+		Context("under "+cond.Name, spec.Condition(cond.Name), func() {
+			It("completes bursts separated by idle gaps, with few workers that park often", func(ctx SpecContext) {
+				e, rec := start(ctx, cond, 2)
+				// Seeded from the suite seed: replay with --seed.
+				rng := rand.New(rand.NewPCG(uint64(GinkgoRandomSeed()), 0x5eed))
+				p := load.Profile{Name: "bursty", Endpoint: e.Endpoint, Duration: 10 * time.Second}
+				gaps := map[string]float64{}
+				for i := range 6 {
+					idle := time.Duration(600+rng.IntN(600)) * time.Millisecond
+					active := time.Duration(20+rng.IntN(80)) * time.Millisecond
+					name := fmt.Sprintf("burst%02d", i)
+					gaps["idle_ms."+name] = float64(idle.Milliseconds())
+					p.Sessions = append(p.Sessions, load.Session{
+						Name: name,
+						Open: &load.OpenLoop{Rate: 200, Active: active, Idle: idle, Burst: 1 + rng.IntN(8), MaxOutstanding: 200},
+					})
+				}
+				rec.SetLabel("profile", fmt.Sprint(gaps))
+				figs := run(ctx, rec, p)
+				v := spec.Judge(property, cond.Name, rec, figs, stallCheck("bursty", history.KindRead),
+					check.Spec{Name: "bursty-errors", Config: check.ErrorBudgetConfig{}})
+				Expect(v.Failed).To(BeFalse(), v.Explanation)
+			}, SpecTimeout(time.Minute))
+
+			for _, capacity := range []struct {
+				name    string
+				workers int
+			}{{"ample", 0}, {"scarce", 1}} {
+				It(fmt.Sprintf("completes pipelines of shapes 1×200, 10×100 and 64×1 with %s server capacity", capacity.name), func(ctx SpecContext) {
+					e, rec := start(ctx, cond, capacity.workers)
+					figs := map[string]float64{}
+					for _, shape := range []struct{ sessions, outstanding int }{{1, 200}, {10, 100}, {64, 1}} {
+						name := fmt.Sprintf("%dx%d", shape.sessions, shape.outstanding)
+						By("driving " + name)
+						rec.Mark("shape "+name, "")
+						p := load.Pipelined(e.Endpoint, shape.sessions, shape.outstanding)
+						p.Name, p.Duration = name, 2500*time.Millisecond
+						for i := range p.Sessions {
+							p.Sessions[i].Name = fmt.Sprintf("%s-%02d", name, i)
+						}
+						for k, v := range run(ctx, rec, p) {
+							figs[name+"."+k] = v
+						}
+					}
+					v := spec.Judge(property, cond.Name, rec, figs, stallCheck("shapes-"+capacity.name, history.KindRead),
+						check.Spec{Name: "shapes-" + capacity.name + "-errors", Config: check.ErrorBudgetConfig{}})
+					Expect(v.Failed).To(BeFalse(), v.Explanation)
+				}, SpecTimeout(90*time.Second))
+			}
+
+			It("keeps serving fast requests while other sessions' slow requests run", func(ctx SpecContext) {
+				e, rec := start(ctx, cond, 0)
+				// 4 sessions keep one 1 s request each in flight; a
+				// server that serves requests one at a time (head-of-line
+				// blocking) leaves the fast session waiting a second.
+				p := load.Profile{Name: "head-of-line", Endpoint: e.Endpoint, Duration: 6 * time.Second}
+				p.Sessions = append(load.Sessions(4, "slow", load.Session{Outstanding: 1, Requests: []load.Request{load.SlowRead(time.Second)}}),
+					load.Session{Name: "fast", Outstanding: 4})
+				figs := run(ctx, rec, p)
+				v := spec.Judge(property, cond.Name, rec, figs, stallCheck("head-of-line", history.KindRead),
+					check.Spec{Name: "head-of-line-errors", Config: check.ErrorBudgetConfig{}})
+				Expect(v.Failed).To(BeFalse(), v.Explanation)
+			}, SpecTimeout(time.Minute))
+		})
+	}
+})
