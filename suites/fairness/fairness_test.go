@@ -2,7 +2,6 @@ package fairness_test
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"time"
 
@@ -119,6 +118,7 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 			}, NodeTimeout(2*time.Minute))
 
 			It("keeps a flooding owner from starving another of equal weight", func(ctx SpecContext) {
+				h.Require("service-time")
 				flood, victim := mustUser(0), mustUser(1)
 				rec, figs := runShare(ctx, e, cond, []owner{
 					{flood.Name, flood.Password, 8},
@@ -142,9 +142,7 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 			}, SpecTimeout(90*time.Second))
 
 			It("serves owners weighted 1:3 in proportion (median of windows 2.5–3.5)", func(ctx SpecContext) {
-				if !e.Target.Weights {
-					Skip(fmt.Sprintf("target %s does not declare configurable owner weights", e.Target.Name))
-				}
+				h.Require("weights", "service-time")
 				// The reference server weighs heavy:3,light:1 by default
 				// (OPCUA_OWNER_WEIGHTS); both owners get the same sessions.
 				heavy, light := mustUser(2), mustUser(3)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gopcua/opcua/ua"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
@@ -41,6 +42,8 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 
 			for _, items := range []int{1, 1024} {
 				It(fmt.Sprintf("delivers ≥ 99 %% of the samples of each of %d item(s) at 10 ms", items), func(ctx SpecContext) {
+					h.Require("sampling")
+					pattern := h.Setup.Target.SampleNode
 					rec := h.NewRecorder(map[string]string{"condition": cond.Name, "items": fmt.Sprint(items)})
 					_, err := spec.Apply(ctx, e, rec, cond)
 					Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
@@ -53,7 +56,8 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 					// flight over a slow link never leaves the server
 					// without one.
 					st, err := subscribe.Run(ctx, rec, c, subscribe.Config{
-						Client: "sub", Items: items, Sampling: interval, Publishing: publishing,
+						Client: "sub", Items: items,
+						Node: func(i int) *ua.NodeID { return ua.MustParseNodeID(fmt.Sprintf(pattern, i)) }, Sampling: interval, Publishing: publishing,
 						Outstanding: 4, Duration: warmup + judged + time.Second,
 					})
 					Expect(err).NotTo(HaveOccurred(), "subscribe")
