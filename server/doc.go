@@ -12,7 +12,8 @@
 // a proxy keep using the proxy; token policies "anonymous" and "username",
 // both with policy None), FindServers, CreateSession, ActivateSession
 // (anonymous, or user name and password checked against Config.Users; a bad
-// password gives BadUserAccessDenied), CloseSession, Cancel and Read. Every
+// password gives BadUserAccessDenied), CloseSession, Cancel, Read and the
+// subscription services (see Subscriptions). Every
 // session service checks the authentication token (BadSessionIdInvalid,
 // BadSessionNotActivated, BadSecureChannelIdInvalid when used from another
 // secure channel). Other services get a ServiceFault BadServiceUnsupported.
@@ -65,6 +66,35 @@
 //	                                  cancellation and TimeoutHint; value <ms>
 //	ns=1;s=Busy.<µs>                  burns CPU for <µs> (0..60000000) by
 //	                                  spinning on the monotonic clock; value <µs>
+//	ns=1;s=SampledCounter.<i>         i in [0, Config.Counters): increments each
+//	                                  time the sampler reads it (a Read does not)
+//	ns=1;s=FastCounter.<i>            monotonic µs since start; SourceTimestamp =
+//	                                  sample time
+//	ns=1;s=Subscription.Count, .Items, .Notifications, .Messages,
+//	       .KeepAlives, .PublishDropped
+//	ns=1;s=Sampling.Cycles, .Samples, .Late (cycles ≥ 1 interval late),
+//	       .Missed (grid points skipped), .MaxLatenessUs
+//
+// # Subscriptions
+//
+// CreateSubscription, ModifySubscription, DeleteSubscriptions,
+// SetPublishingMode, CreateMonitoredItems, ModifyMonitoredItems,
+// DeleteMonitoredItems, SetMonitoringMode, Publish and Republish are served
+// on the channel's reader by internal/subscription. Intervals are revised,
+// never rejected: publishing and sampling intervals of 0, below 1 ms or NaN
+// become 1 ms; sampling -1 means the publishing interval. Monitored items
+// of one sampling interval share one sampler goroutine and timer with
+// absolute deadlines t0 + k·interval on the monotonic clock (a late cycle
+// samples at once and the grid stays; skipped points count in
+// Sampling.Missed); queues honour QueueSize and DiscardOldest (overflow
+// bit). Up to 100 Publish requests queue per session (beyond,
+// BadTooManyPublishRequests for the oldest); a response carries at most the
+// subscription's MaxNotificationsPerPublish and never exceeds the client's
+// receive buffer (from its Hello): the rest follows with MoreNotifications.
+// Unacknowledged messages stay in a 256-message retransmission queue for
+// Republish; keep-alives carry the next sequence number. A subscription
+// without Publish requests for its lifetime count expires. Closing a
+// session deletes its subscriptions.
 //
 // # Concurrency
 //
@@ -80,7 +110,8 @@
 // (BadSessionClosed) and a lost connection cancel the session's or
 // channel's queued requests. Stopping answers queued requests
 // BadServerHalted. Fault switches (Config.Faults, OPCUA_FAULTS) reproduce
-// known bugs on demand; see the Fault constants.
+// known bugs on demand; see the Fault constants (sampling-drift and
+// publish-drop are the subscription ones).
 //
 // # Logging
 //

@@ -2,12 +2,16 @@ package cancellation_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/gopcua/opcua"
 	"github.com/gopcua/opcua/ua"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -151,6 +155,190 @@ func isReference() bool {
 	return t.Kind == target.Container && t.Name == target.Reference.Name
 }
 
+// Close and reset races: survivors keep a mix of reads in flight while
+// victim sessions with slow reads in flight are closed, timed out or reset.
+const (
+	raceFor = 7 * time.Second
+	// victims per group keep victimOutstanding slow reads in flight.
+	victimsPerGroup   = 3
+	victimOutstanding = 2
+	victimService     = 300 * time.Millisecond
+	// victimSessionTimeout lets the server expire the sessions of victims
+	// whose connection died within the spec.
+	victimSessionTimeout = 2 * time.Second
+	victimRequestTimeout = 10 * time.Second
+	// probeReads sequential reads measure a fresh session's median latency
+	// before and after the storm; after/before must stay ≤ maxProbeRatio.
+	probeReads    = 100
+	maxProbeRatio = 1.5
+	// sessionsSettle bounds the wait for CurrentSessionCount to return.
+	sessionsSettle = 15 * time.Second
+)
+
+// kindVictim marks the reads of victim sessions, judged apart from the
+// survivors'.
+const kindVictim history.Kind = "victim_read"
+
+// Fault windows of the race spec.
+const (
+	faultTimeout = "victims-timeout"
+	faultReset   = "victims-reset"
+)
+
+// maxStall is the longest time without completions a survivor may see.
+func maxStall(cond toxics.Condition) time.Duration {
+	if len(cond.Toxics) > 0 || cond.NanoCPUs > 0 {
+		return 2 * time.Second
+	}
+	return time.Second
+}
+
+// victim is one gopcua session that keeps slow reads in flight until it is
+// closed or its connection dies, recording every read.
+type victim struct {
+	name    string
+	rec     *history.Recorder
+	c       *opcua.Client
+	wg      sync.WaitGroup
+	closing atomic.Bool
+}
+
+// openVictim opens a victim session on endpoint; the open is recorded as a
+// session op.
+func openVictim(ctx context.Context, rec *history.Recorder, endpoint, name string) *victim {
+	GinkgoHelper()
+	v := &victim{name: name, rec: rec}
+	ref := rec.Invoke(v.op(history.KindSession, endpoint))
+	c, err := uaclient.Open(ctx, endpoint, uaclient.RequestTimeout(victimRequestTimeout), uaclient.With(opcua.SessionTimeout(victimSessionTimeout)))
+	if err != nil {
+		rec.Fail(ref, 0, err)
+	} else {
+		rec.OK(ref)
+	}
+	Expect(err).NotTo(HaveOccurred(), "open victim %s", name)
+	v.c = c
+	DeferCleanup(func(ctx context.Context) { _ = c.Close(ctx) }, NodeTimeout(10*time.Second))
+	for range victimOutstanding {
+		v.wg.Add(1)
+		go func() {
+			defer GinkgoRecover()
+			defer v.wg.Done()
+			for !v.closing.Load() && v.read(ctx) {
+			}
+		}()
+	}
+	return v
+}
+
+func (v *victim) op(kind history.Kind, node string) history.Op {
+	return history.Op{Client: v.name, Session: v.name, Owner: "anonymous", Kind: kind, Node: node}
+}
+
+// read sends one slow read and records its outcome; false once the
+// connection is gone. A read the server never answers on a live
+// connection (the client's timeout) stays pending: a lost response.
+func (v *victim) read(ctx context.Context) bool {
+	r := load.SlowRead(victimService)
+	req := &ua.ReadRequest{
+		NodesToRead:        []*ua.ReadValueID{{NodeID: r.Node, AttributeID: ua.AttributeIDValue, DataEncoding: &ua.QualifiedName{}}},
+		TimestampsToReturn: ua.TimestampsToReturnNeither,
+	}
+	ref := v.rec.Invoke(v.op(kindVictim, r.Node.String()))
+	answered := false
+	var resp *ua.ReadResponse
+	err := v.c.Send(ctx, req, func(x ua.Response) error {
+		answered = true
+		resp, _ = x.(*ua.ReadResponse)
+		return nil
+	})
+	var handle uint32
+	if req.RequestHeader != nil {
+		handle = req.RequestHeader.RequestHandle
+	}
+	c := history.Completion{Handle: handle, RequestID: handle}
+	var status ua.StatusCode
+	errors.As(err, &status)
+	switch {
+	case err == nil && resp != nil:
+		c.Outcome = history.OK
+		if len(resp.Results) > 0 && uint32(resp.Results[0].Status)&0x80000000 != 0 {
+			c.Outcome, c.Status = history.Fail, uint32(resp.Results[0].Status)
+		}
+	case answered:
+		c.Outcome, c.Status, c.Err = history.Fail, uint32(status), err
+	case status == ua.StatusBadTimeout && ctx.Err() == nil:
+		GinkgoWriter.Printf("victim %s: read handle %d never answered: %v\n", v.name, handle, err)
+		return true // left pending
+	default:
+		c.Outcome, c.Status, c.Err = history.Info, uint32(status), err
+	}
+	v.rec.Complete(ref, c)
+	return c.Outcome != history.Info
+}
+
+// close closes the session with reads in flight, then waits for them (the
+// channel stays open until they are answered) and closes the client.
+func (v *victim) close(ctx context.Context) {
+	v.closing.Store(true)
+	ref := v.rec.Invoke(v.op("close_session", ""))
+	if err := v.c.CloseSession(ctx); err != nil {
+		v.rec.Fail(ref, 0, err)
+	} else {
+		v.rec.OK(ref)
+	}
+	v.wg.Wait()
+	_ = v.c.Close(ctx)
+}
+
+// kill hits the victims' proxy with tox for hold, recorded as fault name.
+func kill(ctx context.Context, e *env.Env, rec *history.Recorder, name string, tox toxics.Toxic, hold time.Duration) {
+	GinkgoHelper()
+	tox.Name = name
+	undo, err := e.Proxy.Apply(ctx, env.VictimProxyName, []toxics.Toxic{tox})
+	Expect(err).NotTo(HaveOccurred(), "add %s toxic", tox.Type)
+	removed := rec.Fault(name, fmt.Sprintf("%s %s %v on %s", tox.Type, tox.Stream, tox.Attributes, env.VictimProxyName))
+	DeferCleanup(func(ctx context.Context) error { err := undo(ctx); removed(err); return err }, NodeTimeout(30*time.Second))
+	sleep(ctx, hold)
+	err = undo(ctx)
+	removed(err)
+	Expect(err).NotTo(HaveOccurred(), "remove %s toxic", tox.Type)
+}
+
+// sleep waits d or until the spec ends.
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+}
+
+// probe opens a fresh session and samples the latency of probeReads
+// sequential reads into exp as name; it returns the median.
+func probe(ctx context.Context, e *env.Env, exp *gmeasure.Experiment, name string) time.Duration {
+	GinkgoHelper()
+	c, err := uaclient.Open(ctx, e.Endpoint)
+	Expect(err).NotTo(HaveOccurred(), "open probe session")
+	defer func() { _ = c.Close(context.WithoutCancel(ctx)) }()
+	exp.SampleDuration(name, func(int) {
+		_, err := uaclient.ReadValue(ctx, c, uaclient.ServerStatusState)
+		Expect(err).NotTo(HaveOccurred(), "probe read")
+	}, gmeasure.SamplingConfig{N: probeReads, Duration: time.Minute})
+	return exp.GetStats(name).DurationFor(gmeasure.StatMedian)
+}
+
+// sessionCount reads CurrentSessionCount (i=2277).
+func sessionCount(ctx context.Context, c *opcua.Client) (uint32, error) {
+	v, err := uaclient.ReadValue(ctx, c, uaclient.CurrentSessionCount)
+	if err != nil {
+		return 0, err
+	}
+	n, ok := v.Value().(uint32)
+	if !ok {
+		return 0, fmt.Errorf("CurrentSessionCount is %T, want UInt32", v.Value())
+	}
+	return n, nil
+}
+
 var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 	for ci, cond := range toxics.CI() {
 		Context("under "+cond.Name, spec.Condition(cond.Name), func() {
@@ -210,6 +398,18 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 					Outstanding: burstDepth, MaxRequests: burstDepth, Requests: []load.Request{load.SlowRead(burstService)},
 				}))
 				diagnostics(ctx, e, "storm.diag.", stormDiagnostics, figs)
+				// where the Cancels landed: sent, and how many found the
+				// request still queued (CancelCount)
+				aims := map[string]string{}
+				for i, c := range cancellers {
+					aims[storm[i].Name] = c.aim
+				}
+				for _, op := range rec.History().Ops {
+					if aim, ok := aims[op.Session]; ok && op.Kind == history.KindCancel {
+						figs["storm.cancel."+aim+".sent"]++
+						figs["storm.cancel."+aim+".cancelled"] += float64(op.Count)
+					}
+				}
 
 				slow := []history.Kind{history.KindSlowRead}
 				v := spec.Judge("cancellation", cond.Name, rec, figs,
@@ -226,6 +426,116 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 					check.Spec{Name: "storm-burst", Config: check.ErrorBudgetConfig{Span: check.Span{From: tBurst}, Kinds: slow, Drained: check.Codes{}}},
 				)
 				Expect(v.Failed).To(BeFalse(), v.Explanation)
+			}, SpecTimeout(2*time.Minute))
+
+			It("keeps serving other sessions through CloseSession, timeouts and resets mid-flight", func(ctx SpecContext) {
+				e, err := h.Start(ctx)
+				Expect(err).NotTo(HaveOccurred(), "start environment")
+				rec := h.NewRecorder(map[string]string{"condition": cond.Name})
+				_, err = spec.Apply(ctx, e, rec, cond)
+				Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
+				// the victims' proxy is under the same condition
+				undo, err := e.Proxy.Apply(ctx, env.VictimProxyName, cond.Toxics)
+				Expect(err).NotTo(HaveOccurred(), "apply %s to %s", cond.Name, env.VictimProxyName)
+				DeferCleanup(undo, NodeTimeout(30*time.Second))
+				rng := rand.New(rand.NewPCG(uint64(GinkgoRandomSeed()), uint64(100+ci)))
+				exp := gmeasure.NewExperiment("close and reset races")
+				AddReportEntry(exp.Name, exp)
+
+				By("measuring a probe and the session count before the storm")
+				before := probe(ctx, e, exp, "probe before")
+				mon, err := uaclient.Open(ctx, e.Endpoint)
+				Expect(err).NotTo(HaveOccurred(), "open monitor session")
+				DeferCleanup(func(ctx context.Context) { _ = mon.Close(ctx) }, NodeTimeout(10*time.Second))
+				baseline, err := sessionCount(ctx, mon)
+				Expect(err).NotTo(HaveOccurred(), "read CurrentSessionCount")
+
+				By("serving survivors while victims are closed, timed out and reset")
+				survivor := load.Session{Outstanding: 4, Requests: []load.Request{load.SlowRead(50 * time.Millisecond), load.FastRead()}}
+				if u, err := h.Setup.Target.User(0); err == nil {
+					// an owner of their own on servers that queue by user
+					survivor.User, survivor.Password = u.Name, u.Password
+				}
+				type result struct {
+					st  load.Stats
+					err error
+				}
+				done := make(chan result, 1)
+				go func() {
+					defer GinkgoRecover()
+					st, err := load.Run(ctx, rec, load.Profile{Name: "survivors", Endpoint: e.Endpoint, Duration: raceFor, RequestTimeout: victimRequestTimeout,
+						Sessions: load.Sessions(2, "survivor-", survivor)})
+					done <- result{st, err}
+				}()
+				var closers, timedOut, reset []*victim
+				for i := range victimsPerGroup {
+					closers = append(closers, openVictim(ctx, rec, e.Endpoint, fmt.Sprintf("closer-%02d", i)))
+					timedOut = append(timedOut, openVictim(ctx, rec, e.VictimEndpoint, fmt.Sprintf("timeout-%02d", i)))
+				}
+				var closed sync.WaitGroup
+				for _, v := range closers {
+					at := time.Second + time.Duration(rng.Int64N(int64(1500*time.Millisecond)))
+					rec.SetLabel("close."+v.name, at.String())
+					closed.Add(1)
+					go func() {
+						defer GinkgoRecover()
+						defer closed.Done()
+						sleep(ctx, at)
+						v.close(ctx)
+					}()
+				}
+				sleep(ctx, 2*time.Second)
+				kill(ctx, e, rec, faultTimeout, toxics.Timeout(toxics.Downstream, 500), time.Second)
+				for i := range victimsPerGroup {
+					reset = append(reset, openVictim(ctx, rec, e.VictimEndpoint, fmt.Sprintf("reset-%02d", i)))
+				}
+				during, err := sessionCount(ctx, mon)
+				Expect(err).NotTo(HaveOccurred(), "read CurrentSessionCount")
+				// Precondition: the count saw the victims, or its return
+				// to the baseline proves nothing.
+				Expect(during).To(BeNumerically(">", baseline), "precondition: CurrentSessionCount %d with victims open, %d before", during, baseline)
+				sleep(ctx, time.Second)
+				kill(ctx, e, rec, faultReset, toxics.ResetPeer(toxics.Downstream, 0), 500*time.Millisecond)
+				closed.Wait()
+				for _, v := range append(timedOut, reset...) {
+					v.wg.Wait()
+				}
+				res := <-done
+				Expect(res.err).NotTo(HaveOccurred(), "run survivors")
+				figs := prefixed("race.", res.st.Figures())
+
+				By("waiting for CurrentSessionCount to return to its baseline")
+				settled := time.Now()
+				Eventually(func(ctx context.Context) (uint32, error) { return sessionCount(ctx, mon) }).
+					WithContext(ctx).WithTimeout(sessionsSettle).WithPolling(100*time.Millisecond).
+					Should(Equal(baseline), "CurrentSessionCount after the storm (baseline %d): sessions of closed, timed out or reset connections are not released", baseline)
+				figs["race.sessions.baseline"] = float64(baseline)
+				figs["race.sessions.during"] = float64(during)
+				figs["race.sessions.settle_s"] = time.Since(settled).Seconds()
+
+				By("measuring the probe after the storm")
+				after := probe(ctx, e, exp, "probe after")
+				ratio := float64(after) / float64(before)
+				figs["race.probe.before_ms"] = float64(before) / float64(time.Millisecond)
+				figs["race.probe.after_ms"] = float64(after) / float64(time.Millisecond)
+				figs["race.probe.ratio"] = ratio
+
+				survivors := []history.Kind{history.KindRead, history.KindSlowRead, history.KindSession}
+				v := spec.Judge("cancellation", cond.Name, rec, figs,
+					check.Spec{Name: "race-survivors-stall", Config: check.StallConfig{Kinds: survivors, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
+					check.Spec{Name: "race-survivors-errors", Config: check.ErrorBudgetConfig{Kinds: survivors, Drained: check.Codes{}}},
+					check.Spec{Name: "race-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead, history.KindSlowRead, kindVictim}}},
+					// a closed session's reads are answered (BadSessionClosed
+					// if still queued); dead connections only in the toxics
+					check.Spec{Name: "race-victims-errors", Config: check.ErrorBudgetConfig{
+						Kinds:   []history.Kind{kindVictim, "close_session"},
+						Allowed: check.Codes{ua.StatusBadSessionClosed, ua.StatusBadSessionIDInvalid},
+						Excuse:  []string{faultTimeout, faultReset}, Grace: 2 * time.Second,
+					}},
+				)
+				Expect(v.Failed).To(BeFalse(), v.Explanation)
+				Expect(ratio).To(BeNumerically("<=", maxProbeRatio),
+					"probe median %s after the storm vs %s before (ratio %.2f > %.2f)", after, before, ratio, maxProbeRatio)
 			}, SpecTimeout(2*time.Minute))
 		})
 	}

@@ -59,21 +59,18 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, owners []o
 	}
 	st, err := load.Run(ctx, rec, p)
 	Expect(err).NotTo(HaveOccurred(), "run load")
-	figs := st.Figures()
+	var us *env.UsageSummary
 	if mon != nil {
-		us, err := mon.Stop()
+		u, err := mon.Stop()
 		Expect(err).NotTo(HaveOccurred(), "sample server usage")
-		for k, v := range us.Figures() {
-			figs[k] = v
-		}
-		limit := float64(cond.NanoCPUs) / 1e9
-		if limit > 0 {
-			figs["server.cpu_limit"] = limit
-			// Precondition: a CPU-limited server must be saturated, or the
-			// shares say nothing about its scheduler.
-			Expect(us.Cores).To(BeNumerically(">=", 0.8*limit),
-				"precondition: server used %.2f cores of its %.2f limit: not saturated", us.Cores, limit)
-		}
+		us = &u
+	}
+	figs := spec.LoadFigures("fairness", cond, st, us)
+	if limit := float64(cond.NanoCPUs) / 1e9; limit > 0 && us != nil {
+		// Precondition: a CPU-limited server must be saturated, or the
+		// shares say nothing about its scheduler.
+		Expect(us.Cores).To(BeNumerically(">=", 0.8*limit),
+			"precondition: server used %.2f cores of its %.2f limit: not saturated", us.Cores, limit)
 	}
 	return rec, figs
 }

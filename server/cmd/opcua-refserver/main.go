@@ -3,8 +3,9 @@
 // Configuration comes from flags with environment fallback (see
 // server.LoadConfig): -listen/OPCUA_LISTEN, OPCUA_USERS, OPCUA_OWNER_WEIGHTS,
 // -workers/OPCUA_WORKERS, -queue/OPCUA_QUEUE_SIZE, OPCUA_OWNER_QUEUE_SIZE,
-// OPCUA_BACKPRESSURE, -faults/OPCUA_FAULTS. A bad value prints one error
-// line and exits with status 2. SIGINT/SIGTERM shut the server down.
+// OPCUA_BACKPRESSURE, OPCUA_COUNTERS, -faults/OPCUA_FAULTS. A bad value
+// prints one error line and exits with status 2. SIGINT/SIGTERM shut the
+// server down.
 package main
 
 import (

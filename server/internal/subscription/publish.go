@@ -300,12 +300,9 @@ func (s *Session) sendDataLocked(sub *Subscription, now time.Duration) bool {
 			continue
 		}
 		msg := &ua.NotificationMessage{
-			SequenceNumber: sub.nextSeq(),
-			PublishTime:    m.clock.Wall(now),
-			NotificationData: []*ua.ExtensionObject{ua.NewExtensionObject(&ua.DataChangeNotification{
-				MonitoredItems:  notes,
-				DiagnosticInfos: []*ua.DiagnosticInfo{},
-			})},
+			SequenceNumber:   sub.nextSeq(),
+			PublishTime:      m.clock.Wall(now),
+			NotificationData: []*ua.ExtensionObject{newDataChangeObject(notes)},
 		}
 		sub.retrans = append(sub.retrans, msg)
 		if len(sub.retrans) > m.opts.MaxRetransmit {

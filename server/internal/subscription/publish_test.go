@@ -130,7 +130,7 @@ func values(t *testing.T, msg *ua.NotificationMessage) map[uint32][]int64 {
 	t.Helper()
 	out := map[uint32][]int64{}
 	for _, eo := range msg.NotificationData {
-		dc, ok := eo.Value.(*ua.DataChangeNotification)
+		dc, ok := eo.Value.(*DataChange)
 		if !ok {
 			t.Fatalf("unexpected notification %T", eo.Value)
 		}
