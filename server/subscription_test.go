@@ -243,9 +243,10 @@ func TestSubscriptionServicesOverTheWire(t *testing.T) {
 	})
 }
 
-// TestPublishDropFaultOverTheWire: with publish-drop, a client keeping 6
-// Publish requests outstanding gets answers to only 3 of them; the others
-// are never answered (the client times them out).
+// TestPublishDropFaultOverTheWire: with publish-drop, of 150 Publish
+// requests outstanding only 3 are kept and the others are never answered
+// (the client times them out), and the channel keeps serving: the dropped
+// requests do not hold backpressure slots (high mark 100).
 func TestPublishDropFaultOverTheWire(t *testing.T) {
 	endpoint, srv := startServer(t, Config{Counters: 4, Faults: Faults{FaultPublishDrop: true}})
 	c := connect(t, endpoint)
@@ -256,12 +257,15 @@ func TestPublishDropFaultOverTheWire(t *testing.T) {
 	if r.(*ua.CreateSubscriptionResponse).SubscriptionID == 0 {
 		t.Fatal("no subscription id")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	for range 6 {
+	for range 150 {
 		go func() { _ = c.Send(ctx, &ua.PublishRequest{}, func(ua.Response) error { return nil }) }()
 	}
-	waitFor(t, "3 Publish requests dropped", func() bool { return srv.subs.Stats().Dropped == 3 })
+	waitFor(t, "147 Publish requests dropped", func() bool { return srv.subs.Stats().Dropped == 147 })
+	if v := readInt(t, c, NodeSubscriptions); v != 1 {
+		t.Fatalf("Subscription.Count %d after the drops", v)
+	}
 }
 
 // TestGopcuaSubscribeInterop: gopcua's own subscription API (one Publish

@@ -138,6 +138,7 @@ func (s *Server) subscriptionService(cn *conn, ch *channel.Channel, reqID uint32
 			Budget:  cn.maxResponse,
 			Done:    cn.ctx.Done(),
 			Respond: respond,
+			Dropped: ch.Forget, // publish-drop: no answer, but no stalled channel
 		})
 	default:
 		respond(s.fault(req, ua.StatusBadServiceUnsupported))

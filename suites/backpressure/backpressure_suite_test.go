@@ -9,20 +9,10 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 )
 
-// h starts environments; set once per process by SynchronizedBeforeSuite.
-var h *spec.Harness
+// h starts environments; spec.Bootstrap fills it before the first spec.
+var h = spec.Bootstrap()
 
 func TestBackpressure(t *testing.T) {
 	RegisterFailHandler(Fail)
 	RunSpecs(t, "Backpressure Suite", Label("backpressure", "ci"))
 }
-
-var _ = SynchronizedBeforeSuite(spec.PrepareNode, func(data []byte) {
-	var err error
-	h, err = spec.NewHarness(data)
-	Expect(err).NotTo(HaveOccurred())
-}, NodeTimeout(spec.PrepareTimeout))
-
-var _ = ReportAfterSuite("summary", func(r Report) {
-	Expect(spec.WriteReports(r)).To(Succeed())
-})

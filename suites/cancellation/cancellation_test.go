@@ -32,9 +32,8 @@ import (
 const (
 	// service is how long each slow read takes on the server (Slow.<ms>).
 	service = 100 * time.Millisecond
-	// stormSessions × stormOutstanding slow reads keep the (few) workers
-	// backlogged in every phase.
-	stormSessions    = 6
+	// stormOutstanding slow reads per anonymous storm session keep the
+	// (few) workers backlogged in every phase.
 	stormOutstanding = 4
 	phaseFor         = 4 * time.Second
 	stormFor         = 6 * time.Second
@@ -59,55 +58,68 @@ var referenceStorm = map[string]string{"OPCUA_WORKERS": "2", "OPCUA_QUEUE_SIZE":
 // reported where the target serves them.
 var stormDiagnostics = []string{"Counter.Cancelled", "Counter.TooBusy", "Queue.Depth", "Queue.Slots", "Queue.Cancelled", "Queue.Dispatched"}
 
-// canceller is how one storm session cancels: every nth request, after a
-// delay drawn from [lo, hi) times the median latency L of a slow read
-// before the storm (plus abs), aimed at one stage of the request's life.
+// canceller is one storm session: which stage of a request's life its
+// Cancels aim at, and every how many requests it cancels.
 type canceller struct {
-	aim    string
-	every  int
-	lo, hi float64
-	abs    time.Duration
+	aim   string
+	every int
+	// user is the index of the target user that gives the session an
+	// owner of its own (a short queue, so its Cancels can reach requests
+	// while they run); -1 is anonymous, sharing the long queue.
+	user int
 }
 
-// cancellers are the storm's sessions, one each. Requests cancelled within
-// 20 ms are still queued (before dispatch); 0.2–0.7 L queued behind others;
-// L minus most of the service time is while running; L ± 10 % of the
-// service races the response (after completion no Cancel is sent).
-var cancellers = [stormSessions]canceller{
-	{aim: "before-dispatch", every: 1, abs: 20 * time.Millisecond},
-	{aim: "before-dispatch", every: 1, abs: 20 * time.Millisecond},
-	{aim: "queued", every: 2, lo: 0.2, hi: 0.7},
-	{aim: "queued", every: 2, lo: 0.2, hi: 0.7},
-	{aim: "running", every: 2, lo: 1, hi: 1},
-	{aim: "completing", every: 2, lo: 1, hi: 1},
+// cancellers are the storm's sessions, one each.
+var cancellers = []canceller{
+	{aim: "before-dispatch", every: 1, user: -1},
+	{aim: "before-dispatch", every: 1, user: -1},
+	{aim: "queued", every: 2, user: -1},
+	{aim: "queued", every: 2, user: -1},
+	{aim: "running", every: 2, user: 0},
+	{aim: "completing", every: 2, user: 1},
 }
 
-// delay draws the session's CancelAfter.
+// delay draws the session's CancelAfter from l, the median latency of its
+// reads before the storm: within 20 ms of sending (still queued), at
+// 0.05–0.25 l (queued behind others), 0.3–0.7 of the service time before l
+// (the median request is running) or l ± 10 % of the service time (racing
+// the response; after completion no Cancel is sent).
 func (c canceller) delay(rng *rand.Rand, l time.Duration) time.Duration {
 	switch c.aim {
 	case "before-dispatch":
-		return time.Duration(rng.Int64N(int64(c.abs)))
+		return time.Duration(rng.Int64N(int64(20 * time.Millisecond)))
+	case "queued":
+		return time.Duration(float64(l) * (0.05 + 0.2*rng.Float64()))
 	case "running":
-		// dispatched about L - service after sending; cancel in the middle
-		return l - service + time.Duration(float64(service)*(0.2+0.6*rng.Float64()))
-	case "completing":
+		return l - time.Duration(float64(service)*(0.3+0.4*rng.Float64()))
+	default: // completing
 		return l - service/10 + time.Duration(rng.Int64N(int64(service/5)))
 	}
-	return time.Duration(float64(l) * (c.lo + (c.hi-c.lo)*rng.Float64()))
 }
 
-// slowSessions returns n sessions named prefix.. keeping stormOutstanding
-// slow reads each in flight.
-func slowSessions(prefix string) []load.Session {
-	return load.Sessions(stormSessions, prefix, load.Session{Outstanding: stormOutstanding, Requests: []load.Request{load.SlowRead(service)}})
+// stormSessions returns the storm's sessions named prefix00…, without
+// Cancels: anonymous ones keep stormOutstanding slow reads in flight, those
+// with an owner of their own one.
+func stormSessions(prefix string) []load.Session {
+	GinkgoHelper()
+	out := load.Sessions(len(cancellers), prefix, load.Session{Outstanding: stormOutstanding, Requests: []load.Request{load.SlowRead(service)}})
+	for i, c := range cancellers {
+		if c.user < 0 {
+			continue
+		}
+		if u, err := h.Setup.Target.User(c.user); err == nil {
+			out[i].User, out[i].Password, out[i].Outstanding = u.Name, u.Password, 1
+		}
+	}
+	return out
 }
 
-// medianLatency returns the median latency of the ok ops of kind that
-// completed in w.
-func medianLatency(h history.History, kind history.Kind, w history.Window) time.Duration {
+// medianLatency returns the median latency of the ok slow reads of session
+// that completed in w.
+func medianLatency(h history.History, session string, w history.Window) time.Duration {
 	var ls []time.Duration
 	for _, op := range h.Ops {
-		if op.Kind == kind && op.Outcome == history.OK && w.Contains(op.Complete) {
+		if op.Kind == history.KindSlowRead && op.Session == session && op.Outcome == history.OK && w.Contains(op.Complete) {
 			ls = append(ls, op.Latency())
 		}
 	}
@@ -371,26 +383,27 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 					return start
 				}
 
-				By(fmt.Sprintf("reading %d × %d slow reads (%s) without cancels", stormSessions, stormOutstanding, service))
-				tBefore := phase("before", phaseFor, slowSessions("before-"))
+				By(fmt.Sprintf("reading slow reads (%s) on %d sessions without cancels", service, len(cancellers)))
+				tBefore := phase("before", phaseFor, stormSessions("before-"))
 				before := history.Window{Start: tBefore + settle, End: tBefore + phaseFor}
-				l := medianLatency(rec.History(), history.KindSlowRead, before)
-				Expect(l).To(BeNumerically(">=", service), "median slow read latency before the storm")
-				figs["storm.before.median_latency_ms"] = float64(l) / float64(time.Millisecond)
 
 				By("cancelling before dispatch, while queued, while running and at completion")
-				storm := slowSessions("storm-")
+				storm := stormSessions("storm-")
 				for i, c := range cancellers {
+					l := medianLatency(rec.History(), fmt.Sprintf("before-%02d", i), before)
+					Expect(l).To(BeNumerically(">=", service), "median slow read latency of session %d before the storm", i)
 					storm[i].CancelEvery, storm[i].CancelAfter = c.every, c.delay(rng, l)
-					rec.SetLabel("cancel."+storm[i].Name, fmt.Sprintf("%s every %d after %s", c.aim, c.every, storm[i].CancelAfter))
+					rec.SetLabel("cancel."+storm[i].Name, fmt.Sprintf("%s: every %d after %s (median latency before %s)", c.aim, c.every, storm[i].CancelAfter, l))
+					figs[fmt.Sprintf("storm.cancel.%s.after_ms", storm[i].Name)] = float64(storm[i].CancelAfter) / float64(time.Millisecond)
+					figs[fmt.Sprintf("storm.cancel.%s.median_before_ms", storm[i].Name)] = float64(l) / float64(time.Millisecond)
 				}
-				removed := rec.Fault("cancel-storm", fmt.Sprintf("%d sessions, median latency before %s", stormSessions, l))
+				removed := rec.Fault("cancel-storm", fmt.Sprintf("%d sessions", len(storm)))
 				tStorm := phase("storm", stormFor, storm)
 				removed(nil)
 				during := history.Window{Start: tStorm + settle, End: tStorm + stormFor}
 
 				By("reading the same slow reads again")
-				tAfter := phase("after", phaseFor, slowSessions("after-"))
+				tAfter := phase("after", phaseFor, stormSessions("after-"))
 				after := history.Window{Start: tAfter + settle, End: tAfter + phaseFor}
 
 				By(fmt.Sprintf("bursting %d × %d requests that fit in the queue", burstSessions, burstDepth))

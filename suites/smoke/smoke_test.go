@@ -150,9 +150,7 @@ var _ = Describe("Smoke", Label("property:smoke"), func() {
 	}, SpecTimeout(time.Minute))
 
 	It("applies a 0.25 CPU limit to the server container, which slows a fixed burst of CPU-bound reads", spec.Condition("cpu"), func(ctx SpecContext) {
-		if e.Server == nil {
-			Skip("the target runs outside a container: no CPU limit to apply")
-		}
+		h.Require("cpu-limit", "service-time")
 		c := openSession(ctx, e.Endpoint)
 		// 96 reads × 2 ms of server CPU, 8 at a time: ~0.2 CPU-seconds.
 		busy := ua.NewStringNodeID(1, "Busy.2000")

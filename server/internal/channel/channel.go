@@ -233,6 +233,16 @@ func (c *Channel) Respond(reqID uint32, resp ua.Response) {
 	}
 }
 
+// Forget retires a request that will never be answered, without sending
+// anything: only the publish-drop fault uses it, so that dropping a request
+// does not also leak its pending slot and stall the channel.
+func (c *Channel) Forget() {
+	c.mu.Lock()
+	c.stats.Dropped++
+	c.release(1)
+	c.mu.Unlock()
+}
+
 // release retires n pending responses and resumes a paused reader at the low
 // mark. c.mu must be held.
 func (c *Channel) release(n int) {

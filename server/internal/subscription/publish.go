@@ -28,6 +28,9 @@ func (s *Session) Publish(call PublishCall) {
 		// Fault publish-drop: the request is dropped without an answer
 		// (gopcua's stock server does this beyond 100 per session).
 		m.dropped.Add(1)
+		if call.Dropped != nil {
+			call.Dropped()
+		}
 		return
 	}
 	p := &pendingPublish{call: call}
@@ -165,12 +168,13 @@ func (s *Session) serveLateLocked(now time.Duration) {
 		}
 		var sent bool
 		if sub.enabled && sub.hasData() {
+			// sendDataLocked leaves the subscription late while data is
+			// left, so the next request is answered at once too.
 			sent = s.sendDataLocked(sub, now)
-		} else {
-			sent = s.sendKeepAliveLocked(sub, now)
+		} else if sent = s.sendKeepAliveLocked(sub, now); sent {
+			sub.late = false
 		}
 		if sent {
-			sub.late = false
 			s.rr = (s.rr + k + 1) % n
 		}
 	}

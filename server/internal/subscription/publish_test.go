@@ -535,3 +535,90 @@ func TestItemQueueDiscard(t *testing.T) {
 		}
 	}
 }
+
+// TestPublishTimeoutHint: a queued Publish request whose TimeoutHint passes
+// is answered BadTimeout at the next publishing cycle.
+func TestPublishTimeoutHint(t *testing.T) {
+	h := newHarness(t, Options{})
+	h.createSub(100, 100, 1000, 0) // keep-alive only every 10 s
+	h.s.Publish(PublishCall{
+		Request: &ua.PublishRequest{RequestHeader: &ua.RequestHeader{TimeoutHint: 250}},
+		Respond: func(r ua.Response) { h.resps <- r },
+	})
+	// The first cycle sends the initial keep-alive with the request.
+	if r := asPublish(t, h.until(1, 5)); len(r.NotificationMessage.NotificationData) != 0 {
+		t.Fatal("want the initial keep-alive")
+	}
+	h.s.Publish(PublishCall{
+		Request: &ua.PublishRequest{RequestHeader: &ua.RequestHeader{TimeoutHint: 250}},
+		Respond: func(r ua.Response) { h.resps <- r },
+	})
+	start := h.clk.Now()
+	if c := faultCode(h.until(1, 10)); c != ua.StatusBadTimeout {
+		t.Fatalf("got %v, want BadTimeout", c)
+	}
+	if waited := h.clk.Now() - start; waited < 250*time.Millisecond || waited > 400*time.Millisecond {
+		t.Fatalf("answered after %v, want 250–400 ms", waited)
+	}
+}
+
+// TestModifySubscriptionRestartsGrid: a shorter publishing interval takes
+// effect at once, not after the old interval.
+func TestModifySubscriptionRestartsGrid(t *testing.T) {
+	h := newHarness(t, Options{})
+	sub := h.createSub(10_000, 1, 1000, 0)
+	if _, err := h.clk.WaitForSleepers(1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	r := h.s.ModifySubscription(&ua.ModifySubscriptionRequest{RequestHeader: hdr(), SubscriptionID: sub, RequestedPublishingInterval: 0.5, RequestedMaxKeepAliveCount: 1})
+	if m, ok := r.(*ua.ModifySubscriptionResponse); !ok || m.RevisedPublishingInterval != 1 {
+		t.Fatalf("ModifySubscription: %#v", r)
+	}
+	// The loop re-arms at now + 1 ms.
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
+		ds, err := h.clk.WaitForSleepers(1, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ds[0] == h.clk.Now()+time.Millisecond {
+			h.publish(0)
+			if asPublish(t, h.until(1, 3)).SubscriptionID != sub {
+				t.Fatal("wrong subscription")
+			}
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("the loop did not re-arm at the new interval")
+}
+
+// TestMoreNotificationsAnsweredAtOnce: while a subscription has more
+// notifications than one response holds, each new Publish request is
+// answered at once, not at the next publishing cycle (a bug that capped
+// delivery at outstanding requests × budget per publishing interval).
+func TestMoreNotificationsAnsweredAtOnce(t *testing.T) {
+	h := newHarness(t, Options{})
+	sub := h.createSub(1000, 10, 100, 0)
+	h.createItems(sub, FastCounterPrefix, 1024, 5000, 1)
+	h.publish(4096)
+	first := asPublish(t, h.until(2, 10))
+	if !first.MoreNotifications {
+		t.Fatal("first response should have more notifications")
+	}
+	for i := 0; ; i++ {
+		if i > 20 {
+			t.Fatal("too many responses")
+		}
+		h.publish(4096) // no clock step: must be answered now
+		var r *ua.PublishResponse
+		select {
+		case x := <-h.resps:
+			r = asPublish(t, x)
+		default:
+			t.Fatalf("request %d not answered at once", i+2)
+		}
+		if !r.MoreNotifications {
+			break
+		}
+	}
+}

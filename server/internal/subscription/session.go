@@ -26,6 +26,9 @@ type PublishCall struct {
 	// goroutine and with the session's lock held: it must not block or call
 	// back into the Session.
 	Respond func(ua.Response)
+	// Dropped, if not nil, is called instead of Respond when the
+	// publish-drop fault drops the request.
+	Dropped func()
 }
 
 type pendingPublish struct {
