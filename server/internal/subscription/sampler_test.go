@@ -219,7 +219,8 @@ func samplingRun(t *testing.T, drift bool, items int, iv time.Duration, windows 
 func itoa(i int) string { return strconv.Itoa(i) }
 
 // TestSampling100Hz: 1 and 1024 SampledCounter items at 10 ms on the real
-// clock take ≥ 99 % of their samples (every item; median of windows).
+// clock take ≥ 99 % of their samples (the smallest item's fraction per 1 s
+// window, median of 5 windows, best of up to 3 runs).
 func TestSampling100Hz(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-clock measurement")
@@ -230,7 +231,7 @@ func TestSampling100Hz(t *testing.T) {
 		var med float64
 		var all []float64
 		for attempt := 1; attempt <= 3 && med < 0.99; attempt++ {
-			m, a := samplingRun(t, false, items, 10*time.Millisecond, 3, time.Second)
+			m, a := samplingRun(t, false, items, 10*time.Millisecond, 5, time.Second)
 			t.Logf("attempt %d, clean, %d items at 10 ms: median %.4f, windows %.4f", attempt, items, m, a)
 			if m > med {
 				med, all = m, a
