@@ -177,7 +177,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 					check.Spec{Name: "deep-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
 					check.Spec{Name: "deep-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
 				)
-				Expect(v.Failed).To(BeFalse(), v.Explanation)
+				Expect(v.Failed).To(BeFalse(), v.Why())
 				Expect(st.Sessions).To(Equal(deepSessions), "sessions opened")
 				expectBoundedMemory(growth, deepGrowthMiB, figs, "deep.", v)
 			}, SpecTimeout(90*time.Second))
@@ -250,7 +250,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 					// once the reader catches up, the channel flows again
 					check.Spec{Name: "slow-drain-stall", Config: check.StallConfig{Span: check.Span{From: drainFrom}, Kinds: judged, MaxStall: maxStall(cond)}},
 				)
-				Expect(v.Failed).To(BeFalse(), v.Explanation)
+				Expect(v.Failed).To(BeFalse(), v.Why())
 				// Precondition: the throttle held most of the pipeline back,
 				// or the spec proved nothing about a slow reader.
 				Expect(answered).To(BeNumerically("<", slowDepth/2),

@@ -438,7 +438,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 					check.Spec{Name: "storm-recovery", Config: check.RecoveryConfig{Baseline: before, Recovered: after, Kinds: slow, MinRatio: minRatio}},
 					check.Spec{Name: "storm-burst", Config: check.ErrorBudgetConfig{Span: check.Span{From: tBurst}, Kinds: slow, Drained: check.Codes{}}},
 				)
-				Expect(v.Failed).To(BeFalse(), v.Explanation)
+				Expect(v.Failed).To(BeFalse(), v.Why())
 			}, SpecTimeout(2*time.Minute))
 
 			It("keeps serving other sessions through CloseSession, timeouts and resets mid-flight", func(ctx SpecContext) {
@@ -546,7 +546,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 						Excuse:  []string{faultTimeout, faultReset}, Grace: 2 * time.Second,
 					}},
 				)
-				Expect(v.Failed).To(BeFalse(), v.Explanation)
+				Expect(v.Failed).To(BeFalse(), v.Why())
 				Expect(ratio).To(BeNumerically("<=", maxProbeRatio),
 					"probe median %s after the storm vs %s before (ratio %.2f > %.2f)", after, before, ratio, maxProbeRatio)
 			}, SpecTimeout(2*time.Minute))

@@ -128,14 +128,14 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 					}},
 					check.Spec{Name: "isolation-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{history.KindBusyRead}}},
 				)
-				Expect(v.Failed).To(BeFalse(), v.Explanation)
+				Expect(v.Failed).To(BeFalse(), v.Why())
 				r := v.Results[0]
 				for _, w := range r.Windows {
 					Expect(w.Figures["served."+victim.Name]).To(BeNumerically(">", 0),
 						"owner %s was not served in window %d:\n%s", victim.Name, w.Index, v.Explanation)
 				}
 				// min/max of two equal owners ≥ 0.8 is the 0.8–1.25 band.
-				Expect(r.Figures["median_ratio"]).To(BeNumerically(">=", 0.8), v.Explanation)
+				Expect(r.Figures["median_ratio"]).To(BeNumerically(">=", 0.8), v.Why())
 			}, SpecTimeout(90*time.Second))
 
 			It("serves owners weighted 1:3 in proportion (median of windows 2.5–3.5)", func(ctx SpecContext) {
@@ -158,7 +158,7 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 				ratios := ownerRatios(v.Results[0], heavy.Name, light.Name)
 				m := median(ratios)
 				spec.Record(spec.Row("fairness", cond.Name, map[string]float64{"weighted.heavy_light_median": m}))
-				Expect(v.Failed).To(BeFalse(), v.Explanation)
+				Expect(v.Failed).To(BeFalse(), v.Why())
 				Expect(m).To(BeNumerically(">=", 2.5), "median heavy/light %.2f over windows %v\n%s", m, ratios, v.Explanation)
 				Expect(m).To(BeNumerically("<=", 3.5), "median heavy/light %.2f over windows %v\n%s", m, ratios, v.Explanation)
 			}, SpecTimeout(90*time.Second))

@@ -74,7 +74,7 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 							Span: span, Kinds: []history.Kind{history.KindPublish}}},
 					)
 					Expect(st.RevisedSampling).To(BeNumerically("<=", interval), "the server revised the 10 ms sampling interval to %v", st.RevisedSampling)
-					Expect(v.Failed).To(BeFalse(), v.Explanation)
+					Expect(v.Failed).To(BeFalse(), v.Why())
 				}, SpecTimeout(time.Minute))
 			}
 		})

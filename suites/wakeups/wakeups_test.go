@@ -82,7 +82,7 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 				figs := run(ctx, rec, p)
 				v := spec.Judge(property, cond.Name, rec, figs, stallCheck("bursty", history.KindRead),
 					check.Spec{Name: "bursty-errors", Config: check.ErrorBudgetConfig{}})
-				Expect(v.Failed).To(BeFalse(), v.Explanation)
+				Expect(v.Failed).To(BeFalse(), v.Why())
 			}, SpecTimeout(time.Minute))
 
 			for _, capacity := range []struct {
@@ -107,7 +107,7 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 					}
 					v := spec.Judge(property, cond.Name, rec, figs, stallCheck("shapes-"+capacity.name, history.KindRead),
 						check.Spec{Name: "shapes-" + capacity.name + "-errors", Config: check.ErrorBudgetConfig{}})
-					Expect(v.Failed).To(BeFalse(), v.Explanation)
+					Expect(v.Failed).To(BeFalse(), v.Why())
 				}, SpecTimeout(90*time.Second))
 			}
 
@@ -123,7 +123,7 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 				figs := run(ctx, rec, p)
 				v := spec.Judge(property, cond.Name, rec, figs, stallCheck("head-of-line", history.KindRead),
 					check.Spec{Name: "head-of-line-errors", Config: check.ErrorBudgetConfig{}})
-				Expect(v.Failed).To(BeFalse(), v.Explanation)
+				Expect(v.Failed).To(BeFalse(), v.Why())
 			}, SpecTimeout(time.Minute))
 		})
 	}
