@@ -111,21 +111,27 @@ func monitor(ctx context.Context, e *env.Env) *env.Monitor {
 	return e.MonitorServer(ctx, 250*time.Millisecond)
 }
 
-// stopMonitor adds the usage figures to figs and returns the memory growth
-// in MiB, or -1 for a target without container.
-func stopMonitor(mon *env.Monitor, figs map[string]float64, prefix string) float64 {
+// stopMonitor returns the server's usage (nil for a target without
+// container) and its memory growth in MiB (-1 without container).
+func stopMonitor(mon *env.Monitor) (*env.UsageSummary, float64) {
 	GinkgoHelper()
 	if mon == nil {
-		return -1
+		return nil, -1
 	}
 	us, err := mon.Stop()
 	Expect(err).NotTo(HaveOccurred(), "sample server usage")
-	for k, v := range us.Figures() {
-		figs[prefix+k] = v
+	return &us, (float64(us.PeakMemory) - float64(us.BaseMemory)) / (1 << 20)
+}
+
+// loadFigures returns the load, server usage and bottleneck figures under
+// prefix, with the memory growth; a client-bound run is skipped with the
+// reason (spec.LoadFigures).
+func loadFigures(prefix string, cond toxics.Condition, st load.Stats, us *env.UsageSummary, growth float64) map[string]float64 {
+	figs := spec.LoadFigures("backpressure", prefix, cond, st, us)
+	if us != nil {
+		figs[prefix+"server.mem_growth_mib"] = growth
 	}
-	growth := (float64(us.PeakMemory) - float64(us.BaseMemory)) / (1 << 20)
-	figs[prefix+"server.mem_growth_mib"] = growth
-	return growth
+	return figs
 }
 
 // expectBoundedMemory fails the spec when the server's memory grew by more
@@ -167,8 +173,8 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 				})
 				Expect(err).NotTo(HaveOccurred(), "run load")
 
-				figs := prefixed("deep.", st.Figures())
-				growth := stopMonitor(mon, figs, "deep.")
+				us, growth := stopMonitor(mon)
+				figs := loadFigures("deep.", cond, st, us, growth)
 				diagnostics(ctx, e, "deep.diag.", figs)
 				v := spec.Judge("backpressure", cond.Name, rec, figs,
 					// Drained rejections count as errors: a server that
@@ -241,7 +247,12 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 				Expect(res.err).NotTo(HaveOccurred(), "run load")
 				figs["slow.drain_s"] = exp.GetStats("drain").DurationFor(gmeasure.StatMax).Seconds()
 				maps.Copy(figs, prefixed("slow.", res.st.Figures()))
-				growth := stopMonitor(mon, figs, "slow.")
+				// The reader is throttled on purpose: no client-bound verdict.
+				us, growth := stopMonitor(mon)
+				if us != nil {
+					maps.Copy(figs, prefixed("slow.", us.Figures()))
+					figs["slow.server.mem_growth_mib"] = growth
+				}
 				diagnostics(ctx, e, "slow.diag.", figs)
 
 				v := spec.Judge("backpressure", cond.Name, rec, figs,

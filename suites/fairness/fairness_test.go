@@ -65,7 +65,7 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, owners []o
 		Expect(err).NotTo(HaveOccurred(), "sample server usage")
 		us = &u
 	}
-	figs := spec.LoadFigures("fairness", cond, st, us)
+	figs := spec.LoadFigures("fairness", "", cond, st, us)
 	if limit := float64(cond.NanoCPUs) / 1e9; limit > 0 && us != nil {
 		// Precondition: a CPU-limited server must be saturated, or the
 		// shares say nothing about its scheduler.
