@@ -9,7 +9,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-# fault -> "suite|label filter" (the conditions the fault is judged under)
+# fault -> "suite|label filter" (the conditions the fault is judged under).
+# known_gap lists faults the suites do not yet catch over the wire: they
+# are run and reported, but a miss does not fail the script (README,
+# "Faults").
+declare -A known_gap=([turn-stall]=1)
 declare -A aim=(
 	[unweighted]="fairness|condition:baseline"
 	[turn-stall]="fairness|condition:cpu"
@@ -40,8 +44,18 @@ for f in $FAULTS; do
 		go tool ginkgo --no-color --timeout 9m --label-filter "$filter" "./suites/$suite" >"$log" 2>&1
 	rc=$?
 	secs=$(($(date +%s) - start))
-	first=$(grep -m1 -E '^\s+[a-z0-9-]+: FAIL|FAIL:|\[FAILED\]' "$log" | sed 's/|/\\|/g; s/^[[:space:]]*//' | cut -c1-160)
-	if [ "$rc" -ne 0 ]; then caught=yes; else caught=NO; missed=$((missed + 1)); fi
+	# the first checker verdict that failed, else Ginkgo's failure line
+	first=$(grep -m1 -E '^[[:space:]]+[a-z0-9-]+: (FAIL|INVALID):' "$log")
+	[ -n "$first" ] || first=$(grep -m1 -A1 -E '\[FAILED\] in ' "$log" | tail -1)
+	first=$(printf '%s' "$first" | sed 's/|/\\|/g; s/^[[:space:]]*//' | cut -c1-160)
+	if [ "$rc" -ne 0 ]; then
+		caught=yes
+	elif [ -n "${known_gap[$f]:-}" ]; then
+		caught="no (known gap)"
+	else
+		caught=NO
+		missed=$((missed + 1))
+	fi
 	printf '| %s | %s | %s | %s | %s | %s |\n' "$f" "$suite" "$filter" "$caught" "$secs" "$first" | tee -a "$out"
 	rm -f "$log"
 done
