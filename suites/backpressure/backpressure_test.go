@@ -16,7 +16,6 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
@@ -71,36 +70,6 @@ func maxStall(cond toxics.Condition) time.Duration {
 var diagnosticNodes = []string{
 	"Channel.BackpressurePauses", "Channel.MaxPendingResponses", "Channel.PendingResponses",
 	"Queue.Depth", "Counter.TooBusy",
-}
-
-// diagnostics reads the target's ns=1 counters into figures ("diag.<name>")
-// over a session of its own on the direct endpoint; targets without them
-// report nothing.
-func diagnostics(ctx context.Context, e *env.Env, prefix string, figs map[string]float64) {
-	GinkgoHelper()
-	if !e.Target.Diagnostics {
-		return
-	}
-	c, err := uaclient.Open(ctx, e.DirectEndpoint)
-	Expect(err).NotTo(HaveOccurred(), "open diagnostics session")
-	defer func() { _ = c.Close(context.WithoutCancel(ctx)) }()
-	for _, n := range diagnosticNodes {
-		v, err := uaclient.ReadValue(ctx, c, ua.NewStringNodeID(1, n))
-		Expect(err).NotTo(HaveOccurred(), "read diagnostics node ns=1;s=%s", n)
-		if x, ok := v.Value().(int64); ok {
-			figs[prefix+n] = float64(x)
-		}
-	}
-}
-
-// prefixed returns figs with every key prefixed: both specs of a condition
-// share one summary row.
-func prefixed(prefix string, figs map[string]float64) map[string]float64 {
-	out := make(map[string]float64, len(figs))
-	for k, v := range figs {
-		out[prefix+k] = v
-	}
-	return out
 }
 
 // monitor samples the server container's usage, if the target has one.
@@ -175,7 +144,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 
 				us, growth := stopMonitor(mon)
 				figs := loadFigures("deep.", cond, st, us, growth)
-				diagnostics(ctx, e, "deep.diag.", figs)
+				spec.Diagnostics(ctx, e, "deep.diag.", diagnosticNodes, figs)
 				v := spec.Judge("backpressure", cond.Name, rec, figs,
 					// Drained rejections count as errors: a server that
 					// pushes back never needs to refuse a pipeline.
@@ -228,7 +197,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 					Fail("spec timed out while throttled")
 				}
 				figs := map[string]float64{}
-				diagnostics(ctx, e, "slow.diag.throttled.", figs)
+				spec.Diagnostics(ctx, e, "slow.diag.throttled.", diagnosticNodes, figs)
 				answered := 0
 				for _, op := range rec.History().Ops {
 					if op.Kind == history.KindRead && op.Done() {
@@ -246,14 +215,14 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 				exp.MeasureDuration("drain", func() { res = <-done })
 				Expect(res.err).NotTo(HaveOccurred(), "run load")
 				figs["slow.drain_s"] = exp.GetStats("drain").DurationFor(gmeasure.StatMax).Seconds()
-				maps.Copy(figs, prefixed("slow.", res.st.Figures()))
+				maps.Copy(figs, spec.Prefixed("slow.", res.st.Figures()))
 				// The reader is throttled on purpose: no client-bound verdict.
 				us, growth := stopMonitor(mon)
 				if us != nil {
-					maps.Copy(figs, prefixed("slow.", us.Figures()))
+					maps.Copy(figs, spec.Prefixed("slow.", us.Figures()))
 					figs["slow.server.mem_growth_mib"] = growth
 				}
-				diagnostics(ctx, e, "slow.diag.", figs)
+				spec.Diagnostics(ctx, e, "slow.diag.", diagnosticNodes, figs)
 
 				v := spec.Judge("backpressure", cond.Name, rec, figs,
 					check.Spec{Name: "slow-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},

@@ -130,36 +130,6 @@ func medianLatency(h history.History, session string, w history.Window) time.Dur
 	return ls[len(ls)/2]
 }
 
-// diagnostics reads the target's ns=1 counters into figs (prefix+name) over
-// a session of its own on the direct endpoint; targets without them report
-// nothing.
-func diagnostics(ctx context.Context, e *env.Env, prefix string, names []string, figs map[string]float64) {
-	GinkgoHelper()
-	if !e.Target.Diagnostics {
-		return
-	}
-	c, err := uaclient.Open(ctx, e.DirectEndpoint)
-	Expect(err).NotTo(HaveOccurred(), "open diagnostics session")
-	defer func() { _ = c.Close(context.WithoutCancel(ctx)) }()
-	for _, n := range names {
-		v, err := uaclient.ReadValue(ctx, c, ua.NewStringNodeID(1, n))
-		Expect(err).NotTo(HaveOccurred(), "read diagnostics node ns=1;s=%s", n)
-		if x, ok := v.Value().(int64); ok {
-			figs[prefix+n] = float64(x)
-		}
-	}
-}
-
-// prefixed returns figs with every key prefixed: both specs of a condition
-// share one summary row.
-func prefixed(prefix string, figs map[string]float64) map[string]float64 {
-	out := make(map[string]float64, len(figs))
-	for k, v := range figs {
-		out[prefix+k] = v
-	}
-	return out
-}
-
 // isReference reports whether the target is the reference server, which
 // takes its worker and queue sizes from the environment.
 func isReference() bool {
@@ -379,7 +349,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 					})
 					Expect(err).NotTo(HaveOccurred(), "run %s phase", name)
 					Expect(st.SessionsFailed).To(BeZero(), "%s: sessions failed to open", name)
-					maps.Copy(figs, prefixed("storm."+name+".", map[string]float64{"requests": float64(st.Requests), "ok": float64(st.OK), "cancels": float64(st.Cancels), "req_s": st.Throughput()}))
+					maps.Copy(figs, spec.Prefixed("storm."+name+".", map[string]float64{"requests": float64(st.Requests), "ok": float64(st.OK), "cancels": float64(st.Cancels), "req_s": st.Throughput()}))
 					return start
 				}
 
@@ -410,7 +380,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 				tBurst := phase("burst", 20*time.Second, load.Sessions(burstSessions, "burst-", load.Session{
 					Outstanding: burstDepth, MaxRequests: burstDepth, Requests: []load.Request{load.SlowRead(burstService)},
 				}))
-				diagnostics(ctx, e, "storm.diag.", stormDiagnostics, figs)
+				spec.Diagnostics(ctx, e, "storm.diag.", stormDiagnostics, figs)
 				// where the Cancels landed: sent, and how many found the
 				// request still queued (CancelCount)
 				aims := map[string]string{}
@@ -515,7 +485,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 				}
 				res := <-done
 				Expect(res.err).NotTo(HaveOccurred(), "run survivors")
-				figs := prefixed("race.", res.st.Figures())
+				figs := spec.Prefixed("race.", res.st.Figures())
 
 				By("waiting for CurrentSessionCount to return to its baseline")
 				settled := time.Now()
