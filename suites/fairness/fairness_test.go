@@ -25,6 +25,10 @@ const (
 	// service is the server CPU each request burns (Busy.<µs>): long
 	// enough that the server, not the load driver, is the bottleneck.
 	service = time.Millisecond
+	// minServerBacklog is the median number of an owner's requests that
+	// must wait in the server's queue (where the target reports it) for
+	// the owner to count as backlogged at the server.
+	minServerBacklog = 10
 	// deep is the per-session pipeline depth: a client-side backlog only
 	// proves a server-side one when it is deep (FIELD-NOTES).
 	deep = 100
@@ -57,8 +61,15 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, owners []o
 	if e.Server != nil {
 		mon = e.MonitorServer(ctx, 250*time.Millisecond)
 	}
+	var queued []string
+	for _, o := range owners {
+		queued = append(queued, "Owner."+o.user+".Queued")
+	}
+	depth := spec.SampleDiagnostics(ctx, e, 500*time.Millisecond, queued...)
 	st, err := load.Run(ctx, rec, p)
 	Expect(err).NotTo(HaveOccurred(), "run load")
+	depths, err := depth.Stop()
+	Expect(err).NotTo(HaveOccurred(), "sample the server's queue depth")
 	var us *env.UsageSummary
 	if mon != nil {
 		u, err := mon.Stop()
@@ -66,6 +77,19 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, owners []o
 		us = &u
 	}
 	figs := spec.LoadFigures("fairness", "", cond, st, us)
+	for _, o := range owners {
+		// Precondition where the target reports it: every owner was
+		// backlogged at the server, not only at the client (a client-side
+		// backlog does not prove a server-side one, FIELD-NOTES).
+		readings := depths["Owner."+o.user+".Queued"]
+		if len(readings) == 0 {
+			continue
+		}
+		d := median(readings[min(int(warmup/(500*time.Millisecond)), len(readings)-1):])
+		figs["server.queued_median."+o.user] = d
+		Expect(d).To(BeNumerically(">=", minServerBacklog),
+			"precondition: owner %s had a median of %.0f requests queued at the server (readings %v): it was not backlogged there, so shares say nothing about the scheduler", o.user, d, readings)
+	}
 	if limit := float64(cond.NanoCPUs) / 1e9; limit > 0 && us != nil {
 		// Precondition: a CPU-limited server must be saturated, or the
 		// shares say nothing about its scheduler.
