@@ -46,7 +46,7 @@ for f in $FAULTS; do
 	secs=$(($(date +%s) - start))
 	# the first checker verdict that failed, else Ginkgo's failure line
 	first=$(grep -m1 -E '^[[:space:]]+[a-z0-9-]+: (FAIL|INVALID):' "$log")
-	[ -n "$first" ] || first=$(grep -m1 -A1 -E '\[FAILED\] in ' "$log" | tail -1)
+	[ -n "$first" ] || first=$(grep -E '\[FAILED\] ' "$log" | grep -v -m1 -E '\[FAILED\] (in |\[)')
 	first=$(printf '%s' "$first" | sed 's/|/\\|/g; s/^[[:space:]]*//' | cut -c1-160)
 	if [ "$rc" -ne 0 ]; then
 		caught=yes
