@@ -2,6 +2,7 @@ package toxics_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
@@ -30,5 +31,30 @@ func TestCIConditionsHaveUniqueNames(t *testing.T) {
 func TestLookupUnknown(t *testing.T) {
 	if _, err := toxics.Lookup("nope"); err == nil {
 		t.Fatal("Lookup(nope) succeeded")
+	}
+}
+
+func TestScheduleIsSeededAndWellFormed(t *testing.T) {
+	a, b := toxics.Schedule(42, time.Minute), toxics.Schedule(42, time.Minute)
+	if len(a) < 5 {
+		t.Fatalf("schedule of a minute has %d steps", len(a))
+	}
+	names := map[string]bool{}
+	var end time.Duration
+	for i := range a {
+		if a[i].At != b[i].At || a[i].For != b[i].For || a[i].Condition.Name != b[i].Condition.Name {
+			t.Fatalf("step %d differs for the same seed: %+v vs %+v", i, a[i], b[i])
+		}
+		if a[i].At < end || a[i].At+a[i].For > time.Minute {
+			t.Fatalf("step %d overlaps the previous one or runs past the end: %+v", i, a[i])
+		}
+		end = a[i].At + a[i].For
+		if names[a[i].Condition.Name] {
+			t.Fatalf("step name %q repeated", a[i].Condition.Name)
+		}
+		names[a[i].Condition.Name] = true
+	}
+	if c := toxics.Schedule(43, time.Minute); len(c) == len(a) && c[0].At == a[0].At && c[0].Condition.Name == a[0].Condition.Name && c[len(c)-1].At == a[len(a)-1].At {
+		t.Errorf("seeds 42 and 43 gave the same schedule")
 	}
 }

@@ -60,6 +60,31 @@ func run(ctx context.Context, rec *history.Recorder, p load.Profile) map[string]
 }
 
 var _ = Describe("No lost wakeups", spec.Property(property), func() {
+	It("keeps every request moving through a seeded nemesis schedule", Label("soak"), spec.Condition("nemesis"), func(ctx SpecContext) {
+		const runFor = time.Minute
+		e, rec := start(ctx, toxics.Baseline, 0)
+		steps := toxics.Schedule(GinkgoRandomSeed(), runFor-5*time.Second)
+		for _, s := range steps {
+			GinkgoWriter.Printf("nemesis: %s at %v for %v\n", s.Condition.Name, s.At, s.For)
+		}
+		rec.SetLabel("nemesis", fmt.Sprintf("%d steps from seed %d", len(steps), GinkgoRandomSeed()))
+		wait := spec.RunSchedule(ctx, e, rec, steps)
+		p := load.Pipelined(e.Endpoint, 10, 50)
+		p.Name, p.Duration, p.RequestTimeout = "nemesis", runFor, 30*time.Second
+		figs := run(ctx, rec, p)
+		Expect(wait()).To(Succeed(), "nemesis schedule")
+		figs["nemesis.steps"] = float64(len(steps))
+		// Nothing in the schedule closes a connection: every request
+		// completes exactly once, none fails, and no session waits 2 s
+		// with requests outstanding and nothing completing.
+		v := spec.Judge(property, "nemesis", rec, figs,
+			check.Spec{Name: "nemesis-stall", Config: check.StallConfig{GroupBy: check.BySession, MaxStall: 2 * time.Second, Kinds: []history.Kind{history.KindRead}}},
+			check.Spec{Name: "nemesis-errors", Config: check.ErrorBudgetConfig{}},
+			check.Spec{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead}}},
+		)
+		Expect(v.Failed).To(BeFalse(), v.Why())
+	}, SpecTimeout(3*time.Minute))
+
 	for _, cond := range toxics.CI() {
 		Context("under "+cond.Name, spec.Condition(cond.Name), func() {
 			It("completes bursts separated by idle gaps, with few workers that park often", func(ctx SpecContext) {
