@@ -22,9 +22,6 @@ const (
 	window  = 2 * time.Second
 	windows = 4
 	runFor  = warmup + windows*window + 500*time.Millisecond
-	// service is the server CPU each request burns (Busy.<µs>): long
-	// enough that the server, not the load driver, is the bottleneck.
-	service = time.Millisecond
 	// minServerBacklog is the median number of an owner's requests that
 	// must wait in the server's queue (where the target reports it) for
 	// the owner to count as backlogged at the server.
@@ -34,6 +31,31 @@ const (
 	deep = 100
 )
 
+// shape is how a request occupies the server. Fairness is judged with both:
+// a scheduler bug shows in one and hides in the other.
+type shape struct {
+	// name goes into spec texts and check names.
+	name string
+	// request is what every session sends.
+	request load.Request
+	// cpuBound: the request burns server CPU, so under a CPU limit the
+	// server must use that limit (saturation precondition).
+	cpuBound bool
+}
+
+var (
+	// cpuBound requests burn 1 ms of server CPU (Busy.1000): the server's
+	// CPU is the bottleneck, long enough per request that the load driver
+	// and the proxy are not (at 200 µs they are, on 2 cores).
+	cpuBound = shape{name: "cpu-bound", request: load.BusyRead(time.Millisecond), cpuBound: true}
+	// workerBound requests hold a worker for 2 ms without CPU (Slow.2):
+	// the worker pool is the bottleneck and dispatches thousands of
+	// requests per second, so a scheduler that loses turns for a
+	// millisecond (fault turn-stall) shows; CPU-bound service at the same
+	// rate would saturate the machine's two cores before the server.
+	workerBound = shape{name: "worker-bound", request: load.SlowRead(2 * time.Millisecond)}
+)
+
 // owners describes the sessions of each owner in a run.
 type owner struct {
 	user     string
@@ -41,10 +63,10 @@ type owner struct {
 	sessions int
 }
 
-// runShare drives every owner's sessions with deep pipelines of Busy reads
-// under cond, while sampling the server's CPU, and returns the recorder and
+// runShare drives every owner's sessions with deep pipelines of sh's
+// requests under cond, while sampling the server's CPU, and returns the recorder and
 // the extra figures (load and server usage).
-func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, owners []owner) (*history.Recorder, map[string]float64) {
+func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, owners []owner) (*history.Recorder, map[string]float64) {
 	GinkgoHelper()
 	rec := h.NewRecorder(map[string]string{"condition": cond.Name})
 	_, err := spec.Apply(ctx, e, rec, cond)
@@ -54,7 +76,7 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, owners []o
 	for _, o := range owners {
 		p.Sessions = append(p.Sessions, load.Sessions(o.sessions, o.user+"-", load.Session{
 			User: o.user, Password: o.password, Outstanding: deep,
-			Requests: []load.Request{load.BusyRead(service)},
+			Requests: []load.Request{sh.request},
 		})...)
 	}
 	var mon *env.Monitor
@@ -86,11 +108,11 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, owners []o
 			continue
 		}
 		d := median(readings[min(int(warmup/(500*time.Millisecond)), len(readings)-1):])
-		figs["server.queued_median."+o.user] = d
+		figs["server.queued_median."+sh.name+"."+o.user] = d
 		Expect(d).To(BeNumerically(">=", minServerBacklog),
 			"precondition: owner %s had a median of %.0f requests queued at the server (readings %v): it was not backlogged there, so shares say nothing about the scheduler", o.user, d, readings)
 	}
-	if limit := float64(cond.NanoCPUs) / 1e9; limit > 0 && us != nil {
+	if limit := float64(cond.NanoCPUs) / 1e9; sh.cpuBound && limit > 0 && us != nil {
 		// Precondition: a CPU-limited server must be saturated, or the
 		// shares say nothing about its scheduler.
 		Expect(us.Cores).To(BeNumerically(">=", 0.8*limit),
@@ -141,16 +163,16 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 			It("keeps a flooding owner from starving another of equal weight", func(ctx SpecContext) {
 				h.Require("service-time")
 				flood, victim := mustUser(0), mustUser(1)
-				rec, figs := runShare(ctx, e, cond, []owner{
+				rec, figs := runShare(ctx, e, cond, cpuBound, []owner{
 					{flood.Name, flood.Password, 8},
 					{victim.Name, victim.Password, 2},
 				})
 				v := spec.Judge("fairness", cond.Name, rec, figs,
 					check.Spec{Name: "isolation", Config: check.ShareConfig{
 						Span: shareSpan, Owners: []string{flood.Name, victim.Name},
-						Kinds: []history.Kind{history.KindBusyRead}, MinRatio: 0.8, MinOutstanding: deep / 2, MinServed: 20,
+						Kinds: []history.Kind{cpuBound.request.Kind}, MinRatio: 0.8, MinOutstanding: deep / 2, MinServed: 20,
 					}},
-					check.Spec{Name: "isolation-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{history.KindBusyRead}}},
+					check.Spec{Name: "isolation-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{cpuBound.request.Kind}}},
 				)
 				Expect(v.Failed).To(BeFalse(), v.Why())
 				r := v.Results[0]
@@ -162,30 +184,33 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 				Expect(r.Figures["median_ratio"]).To(BeNumerically(">=", 0.8), v.Why())
 			}, SpecTimeout(90*time.Second))
 
-			It("serves owners weighted 1:3 in proportion (median of windows 2.5–3.5)", func(ctx SpecContext) {
-				h.Require("weights", "service-time")
-				// The reference server weighs heavy:3,light:1 by default
-				// (OPCUA_OWNER_WEIGHTS); both owners get the same sessions.
-				heavy, light := mustUser(2), mustUser(3)
-				rec, figs := runShare(ctx, e, cond, []owner{
-					{heavy.Name, heavy.Password, 4},
-					{light.Name, light.Password, 4},
-				})
-				v := spec.Judge("fairness", cond.Name, rec, figs,
-					check.Spec{Name: "weighted", Config: check.ShareConfig{
-						Span: shareSpan, Owners: []string{heavy.Name, light.Name},
-						Weights: map[string]float64{heavy.Name: 3, light.Name: 1},
-						Kinds:   []history.Kind{history.KindBusyRead}, MinRatio: 2.5 / 3, MinOutstanding: deep / 2, MinServed: 20,
-					}},
-					check.Spec{Name: "weighted-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{history.KindBusyRead}}},
-				)
-				ratios := ownerRatios(v.Results[0], heavy.Name, light.Name)
-				m := median(ratios)
-				spec.Record(spec.Row("fairness", cond.Name, map[string]float64{"weighted.heavy_light_median": m}))
-				Expect(v.Failed).To(BeFalse(), v.Why())
-				Expect(m).To(BeNumerically(">=", 2.5), "median heavy/light %.2f over windows %v\n%s", m, ratios, v.Explanation)
-				Expect(m).To(BeNumerically("<=", 3.5), "median heavy/light %.2f over windows %v\n%s", m, ratios, v.Explanation)
-			}, SpecTimeout(90*time.Second))
+			for _, sh := range []shape{cpuBound, workerBound} {
+				It("serves owners weighted 1:3 in proportion, "+sh.name+" (median of windows 2.5–3.5)", Label("service:"+sh.name), func(ctx SpecContext) {
+					h.Require("weights", "service-time")
+					// The reference server weighs heavy:3,light:1 by default
+					// (OPCUA_OWNER_WEIGHTS); both owners get the same sessions.
+					heavy, light := mustUser(2), mustUser(3)
+					rec, figs := runShare(ctx, e, cond, sh, []owner{
+						{heavy.Name, heavy.Password, 4},
+						{light.Name, light.Password, 4},
+					})
+					name := "weighted-" + sh.name
+					v := spec.Judge("fairness", cond.Name, rec, figs,
+						check.Spec{Name: name, Config: check.ShareConfig{
+							Span: shareSpan, Owners: []string{heavy.Name, light.Name},
+							Weights: map[string]float64{heavy.Name: 3, light.Name: 1},
+							Kinds:   []history.Kind{sh.request.Kind}, MinRatio: 2.5 / 3, MinOutstanding: deep / 2, MinServed: 20,
+						}},
+						check.Spec{Name: name + "-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{sh.request.Kind}}},
+					)
+					ratios := ownerRatios(v.Results[0], heavy.Name, light.Name)
+					m := median(ratios)
+					spec.Record(spec.Row("fairness", cond.Name, map[string]float64{name + ".heavy_light_median": m}))
+					Expect(v.Failed).To(BeFalse(), v.Why())
+					Expect(m).To(BeNumerically(">=", 2.5), "median heavy/light %.2f over windows %v\n%s", m, ratios, v.Explanation)
+					Expect(m).To(BeNumerically("<=", 3.5), "median heavy/light %.2f over windows %v\n%s", m, ratios, v.Explanation)
+				}, SpecTimeout(90*time.Second))
+			}
 		})
 	}
 })
