@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"time"
 
@@ -107,6 +108,12 @@ func (s *Server) work() {
 		s.busyWorkers.Add(1)
 		s.execute(j)
 		s.busyWorkers.Add(-1)
+		// Yield between requests. A worker whose requests burn CPU never
+		// blocks while the queue is full, so without this the channel
+		// readers and writers woken by the network wait for sysmon's 10 ms
+		// preemption (far longer under a CPU quota): intake then starves,
+		// owners' queues run dry, and weights stop holding.
+		runtime.Gosched()
 	}
 }
 

@@ -59,6 +59,7 @@
 //	ns=1;s=Queue.Workers, .WorkersBusy, .WorkersWaiting
 //	ns=1;s=Owner.<owner>.Queued, .Slots, .Enqueued, .Dispatched,
 //	       .Rejected, .Cancelled, .Weight   per owner (user name or peer IP)
+//	ns=1;s=Owner.<owner>.Emptied      times the owner's queue ran dry
 //	ns=1;s=Channel.BackpressurePauses     times a channel stopped reading
 //	ns=1;s=Channel.MaxPendingResponses    most responses pending on a channel
 //	ns=1;s=Channel.PendingResponses       responses pending now

@@ -53,7 +53,7 @@ const (
 
 // OwnerNode returns the id string of a per-owner counter node:
 // Owner.<owner>.<counter> with counter one of Queued, Slots, Enqueued,
-// Dispatched, Rejected, Cancelled, Weight (e.g. ns=1;s=Owner.heavy.Dispatched).
+// Dispatched, Rejected, Cancelled, Weight, Emptied (e.g. ns=1;s=Owner.heavy.Dispatched).
 // Owners are user names, or peer IPs for anonymous sessions.
 func OwnerNode(owner, counter string) string { return "Owner." + owner + "." + counter }
 
@@ -255,6 +255,8 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 			return o.Cancelled, true, nil
 		case "Weight":
 			return int64(o.Weight), true, nil
+		case "Emptied":
+			return o.Emptied, true, nil
 		}
 		return nil, false, nil
 	}

@@ -26,6 +26,14 @@ const (
 	// must wait in the server's queue (where the target reports it) for
 	// the owner to count as backlogged at the server.
 	minServerBacklog = 10
+	// maxDryRate bounds how often an owner's server queue may run dry
+	// during the judged windows, per request of that owner dispatched
+	// (Owner.<name>.Emptied and .Dispatched, where the target reports
+	// them). Running dry costs an owner at most the rest of its round, so
+	// 1 % costs a weight-3 owner at most 2 % of its share.
+	maxDryRate = 0.01
+	// sampleEvery is the period of the server-side diagnostics readings.
+	sampleEvery = 500 * time.Millisecond
 	// deep is the per-session pipeline depth: a client-side backlog only
 	// proves a server-side one when it is deep (FIELD-NOTES).
 	deep = 100
@@ -83,14 +91,14 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 	if e.Server != nil {
 		mon = e.MonitorServer(ctx, 250*time.Millisecond)
 	}
-	var queued []string
+	var nodes []string
 	for _, o := range owners {
-		queued = append(queued, "Owner."+o.user+".Queued")
+		nodes = append(nodes, "Owner."+o.user+".Queued", "Owner."+o.user+".Emptied", "Owner."+o.user+".Dispatched")
 	}
-	depth := spec.SampleDiagnostics(ctx, e, 500*time.Millisecond, queued...)
+	sampler := spec.SampleDiagnostics(ctx, e, sampleEvery, nodes...)
 	st, err := load.Run(ctx, rec, p)
 	Expect(err).NotTo(HaveOccurred(), "run load")
-	depths, err := depth.Stop()
+	samples, err := sampler.Stop()
 	Expect(err).NotTo(HaveOccurred(), "sample the server's queue depth")
 	var us *env.UsageSummary
 	if mon != nil {
@@ -100,17 +108,29 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 	}
 	figs := spec.LoadFigures("fairness", "", cond, st, us)
 	for _, o := range owners {
-		// Precondition where the target reports it: every owner was
+		// Preconditions where the target reports them: every owner was
 		// backlogged at the server, not only at the client (a client-side
-		// backlog does not prove a server-side one, FIELD-NOTES).
-		readings := depths["Owner."+o.user+".Queued"]
-		if len(readings) == 0 {
-			continue
+		// backlog does not prove a server-side one, FIELD-NOTES): requests
+		// waited in its queue, and the queue did not run dry during the
+		// judged windows. Both are needed: at 200 µs of CPU per request the
+		// proxy and the load driver share the two cores with the server,
+		// the heavy owner's median queue stays above 10 and yet it runs dry
+		// over and over, and its share falls to the light owner's.
+		if readings := judged(samples["Owner."+o.user+".Queued"]); len(readings) > 0 {
+			d := median(readings)
+			figs["server.queued_median."+sh.name+"."+o.user] = d
+			Expect(d).To(BeNumerically(">=", minServerBacklog),
+				"precondition: owner %s had a median of %.0f requests queued at the server (readings %v): it was not backlogged there, so shares say nothing about the scheduler", o.user, d, readings)
 		}
-		d := median(readings[min(int(warmup/(500*time.Millisecond)), len(readings)-1):])
-		figs["server.queued_median."+sh.name+"."+o.user] = d
-		Expect(d).To(BeNumerically(">=", minServerBacklog),
-			"precondition: owner %s had a median of %.0f requests queued at the server (readings %v): it was not backlogged there, so shares say nothing about the scheduler", o.user, d, readings)
+		dry, served := judged(samples["Owner."+o.user+".Emptied"]), judged(samples["Owner."+o.user+".Dispatched"])
+		if len(dry) > 1 && len(served) > 1 {
+			n, d := dry[len(dry)-1]-dry[0], served[len(served)-1]-served[0]
+			rate := n / max(d, 1)
+			figs["server.emptied."+sh.name+"."+o.user] = n
+			figs["server.emptied_per_dispatch."+sh.name+"."+o.user] = rate
+			Expect(rate).To(BeNumerically("<=", maxDryRate),
+				"precondition: owner %s's queue ran dry at the server %.0f times in %.0f dispatches during the judged windows (%.2f %%, at most %.0f %% allowed; readings %v): it was not backlogged there, so shares say nothing about the scheduler", o.user, n, d, 100*rate, 100*maxDryRate, dry)
+		}
 	}
 	if limit := float64(cond.NanoCPUs) / 1e9; sh.cpuBound && limit > 0 && us != nil {
 		// Precondition: a CPU-limited server must be saturated, or the
@@ -119,6 +139,14 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 			"precondition: server used %.2f cores of its %.2f limit: not saturated", us.Cores, limit)
 	}
 	return rec, figs
+}
+
+// judged returns the readings (one per sampleEvery since the load started)
+// taken during the judged windows.
+func judged(readings []float64) []float64 {
+	from := min(int(warmup/sampleEvery), len(readings))
+	to := min(int((warmup+windows*window)/sampleEvery)+1, len(readings))
+	return readings[from:to]
 }
 
 // shareSpan is the judged part of a run: whole windows after the warm-up.

@@ -116,6 +116,10 @@ type owner[T any] struct {
 	ready   bool // in the ready list, or its next turn is being published
 
 	enqueued, dispatched, rejected, cancelled int64
+	// emptied counts the times the owner's last queued request left the
+	// queue (dispatched or cancelled): the owner ran dry and lost its place
+	// in the round.
+	emptied int64
 }
 
 // OwnerStats are one owner's counters.
@@ -128,6 +132,10 @@ type OwnerStats struct {
 	Dispatched int64 // requests taken by workers
 	Rejected   int64 // requests refused (queue or owner share full)
 	Cancelled  int64 // queued requests cancelled (Cancel and Stop)
+	// Emptied counts the times the owner's queue ran dry (its last queued
+	// request dispatched or cancelled). An owner that runs dry is not
+	// backlogged: its share says nothing about the weights.
+	Emptied int64
 }
 
 // Stats are the queue's counters.
@@ -320,6 +328,9 @@ func (q *Queue[T]) take() (*Entry[T], error) {
 		e.state = dispatched
 		o.live--
 		o.dispatched++
+		if o.live == 0 {
+			o.emptied++
+		}
 		q.live--
 		q.dispatched++
 		q.release(e)
@@ -443,6 +454,7 @@ func (q *Queue[T]) Cancel(e *Entry[T]) bool {
 		q.release(e)
 	}
 	if o.live == 0 {
+		o.emptied++
 		// Drop the stale entries now; the owner's turn is retired lazily.
 		clear(o.fifo)
 		o.fifo = o.fifo[:0]
@@ -530,5 +542,6 @@ func (o *owner[T]) stats() OwnerStats {
 	return OwnerStats{
 		Owner: o.name, Weight: o.weight, Queued: o.live, Charged: o.charged,
 		Enqueued: o.enqueued, Dispatched: o.dispatched, Rejected: o.rejected, Cancelled: o.cancelled,
+		Emptied: o.emptied,
 	}
 }

@@ -555,3 +555,58 @@ func TestLimits(t *testing.T) {
 	}
 	checkDrained(t, q)
 }
+
+// TestEmptiedCountsOwnersRunningDry: an owner's Emptied counter rises each
+// time its last queued request leaves (dispatch or cancel), never while it
+// stays backlogged. The fairness suites use it as a precondition.
+func TestEmptiedCountsOwnersRunningDry(t *testing.T) {
+	q := New[int](withFaults(t, Options{Weight: func(string) int { return 3 }}))
+	emptied := func(owner string) int64 {
+		t.Helper()
+		st, _ := q.Owner(owner)
+		return st.Emptied
+	}
+	for i := range 4 {
+		mustEnqueue(t, q, "a", i)
+	}
+	for range 3 {
+		dequeue(t, q)
+	}
+	if n := emptied("a"); n != 0 {
+		t.Fatalf("emptied = %d with one request still queued, want 0", n)
+	}
+	dequeue(t, q)
+	if n := emptied("a"); n != 1 {
+		t.Fatalf("emptied = %d after the last dispatch, want 1", n)
+	}
+	// Refill and keep topping up: never dry while backlogged.
+	mustEnqueue(t, q, "a", 10)
+	for i := range 20 {
+		mustEnqueue(t, q, "a", 11+i)
+		dequeue(t, q)
+	}
+	if n := emptied("a"); n != 1 {
+		t.Fatalf("emptied = %d while backlogged, want still 1", n)
+	}
+	// A cancel that takes the last request also empties the owner.
+	for q.Stats().Queued > 1 {
+		dequeue(t, q)
+	}
+	if n := emptied("a"); n != 1 {
+		t.Fatalf("emptied = %d with one left, want 1", n)
+	}
+	e := mustEnqueue(t, q, "b", 99)
+	if !q.Cancel(e) {
+		t.Fatal("cancel failed")
+	}
+	if n := emptied("b"); n != 1 {
+		t.Errorf("owner b emptied = %d after its only request was cancelled, want 1", n)
+	}
+	for q.Stats().Queued > 0 {
+		dequeue(t, q)
+	}
+	if n := emptied("a"); n != 2 {
+		t.Errorf("owner a emptied = %d after draining, want 2", n)
+	}
+	checkDrained(t, q)
+}
