@@ -561,10 +561,11 @@ func TestLimits(t *testing.T) {
 // stays backlogged. The fairness suites use it as a precondition.
 func TestEmptiedCountsOwnersRunningDry(t *testing.T) {
 	q := New[int](withFaults(t, Options{Weight: func(string) int { return 3 }}))
-	emptied := func(owner string) int64 {
+	want := func(owner string, n int64, when string) {
 		t.Helper()
-		st, _ := q.Owner(owner)
-		return st.Emptied
+		if st, _ := q.Owner(owner); st.Emptied != n {
+			t.Fatalf("owner %s emptied = %d %s, want %d", owner, st.Emptied, when, n)
+		}
 	}
 	for i := range 4 {
 		mustEnqueue(t, q, "a", i)
@@ -572,41 +573,24 @@ func TestEmptiedCountsOwnersRunningDry(t *testing.T) {
 	for range 3 {
 		dequeue(t, q)
 	}
-	if n := emptied("a"); n != 0 {
-		t.Fatalf("emptied = %d with one request still queued, want 0", n)
-	}
+	want("a", 0, "with one request still queued")
 	dequeue(t, q)
-	if n := emptied("a"); n != 1 {
-		t.Fatalf("emptied = %d after the last dispatch, want 1", n)
-	}
+	want("a", 1, "after the last dispatch")
 	// Refill and keep topping up: never dry while backlogged.
 	mustEnqueue(t, q, "a", 10)
 	for i := range 20 {
 		mustEnqueue(t, q, "a", 11+i)
 		dequeue(t, q)
 	}
-	if n := emptied("a"); n != 1 {
-		t.Fatalf("emptied = %d while backlogged, want still 1", n)
-	}
-	// A cancel that takes the last request also empties the owner.
-	for q.Stats().Queued > 1 {
-		dequeue(t, q)
-	}
-	if n := emptied("a"); n != 1 {
-		t.Fatalf("emptied = %d with one left, want 1", n)
-	}
-	e := mustEnqueue(t, q, "b", 99)
-	if !q.Cancel(e) {
+	want("a", 1, "while backlogged")
+	// A cancel that takes an owner's last request also empties it.
+	if e := mustEnqueue(t, q, "b", 99); !q.Cancel(e) {
 		t.Fatal("cancel failed")
 	}
-	if n := emptied("b"); n != 1 {
-		t.Errorf("owner b emptied = %d after its only request was cancelled, want 1", n)
-	}
+	want("b", 1, "after its only request was cancelled")
 	for q.Stats().Queued > 0 {
 		dequeue(t, q)
 	}
-	if n := emptied("a"); n != 2 {
-		t.Errorf("owner a emptied = %d after draining, want 2", n)
-	}
+	want("a", 2, "after draining")
 	checkDrained(t, q)
 }

@@ -363,6 +363,18 @@ func (m *Manager) header(req ua.Request, code ua.StatusCode) *ua.ResponseHeader 
 	return responseHeader(req, code, m.clock.Wall(m.clock.Now()))
 }
 
+// opsStatus checks the operation count n of a service request:
+// BadNothingToDo for none, BadTooManyOperations above the limit, else Good.
+func (m *Manager) opsStatus(n int) ua.StatusCode {
+	switch {
+	case n == 0:
+		return ua.StatusBadNothingToDo
+	case n > m.opts.MaxOperations:
+		return ua.StatusBadTooManyOperations
+	}
+	return ua.StatusOK
+}
+
 // Fault returns a ServiceFault answering req with code.
 func (m *Manager) Fault(req ua.Request, code ua.StatusCode) *ua.ServiceFault {
 	return &ua.ServiceFault{ResponseHeader: m.header(req, code)}

@@ -205,11 +205,8 @@ func (s *Session) ModifySubscription(r *ua.ModifySubscriptionRequest) ua.Respons
 // DeleteSubscriptions serves the DeleteSubscriptions service.
 func (s *Session) DeleteSubscriptions(r *ua.DeleteSubscriptionsRequest) ua.Response {
 	m := s.m
-	if len(r.SubscriptionIDs) == 0 {
-		return m.Fault(r, ua.StatusBadNothingToDo)
-	}
-	if len(r.SubscriptionIDs) > m.opts.MaxOperations {
-		return m.Fault(r, ua.StatusBadTooManyOperations)
+	if st := m.opsStatus(len(r.SubscriptionIDs)); st != ua.StatusOK {
+		return m.Fault(r, st)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -263,11 +260,8 @@ func (s *Session) noSubscriptionsLocked() {
 // SetPublishingMode serves the SetPublishingMode service.
 func (s *Session) SetPublishingMode(r *ua.SetPublishingModeRequest) ua.Response {
 	m := s.m
-	if len(r.SubscriptionIDs) == 0 {
-		return m.Fault(r, ua.StatusBadNothingToDo)
-	}
-	if len(r.SubscriptionIDs) > m.opts.MaxOperations {
-		return m.Fault(r, ua.StatusBadTooManyOperations)
+	if st := m.opsStatus(len(r.SubscriptionIDs)); st != ua.StatusOK {
+		return m.Fault(r, st)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -313,12 +307,10 @@ func (s *Session) itemParams(sub *Subscription, p *ua.MonitoringParameters, attr
 // item takes an initial sample at once.
 func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Response {
 	m := s.m
-	switch {
-	case len(r.ItemsToCreate) == 0:
-		return m.Fault(r, ua.StatusBadNothingToDo)
-	case len(r.ItemsToCreate) > m.opts.MaxOperations:
-		return m.Fault(r, ua.StatusBadTooManyOperations)
-	case r.TimestampsToReturn > ua.TimestampsToReturnNeither:
+	if st := m.opsStatus(len(r.ItemsToCreate)); st != ua.StatusOK {
+		return m.Fault(r, st)
+	}
+	if r.TimestampsToReturn > ua.TimestampsToReturnNeither {
 		return m.Fault(r, ua.StatusBadTimestampsToReturnInvalid)
 	}
 	s.mu.Lock()
@@ -396,12 +388,10 @@ func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Res
 // ModifyMonitoredItems serves the ModifyMonitoredItems service.
 func (s *Session) ModifyMonitoredItems(r *ua.ModifyMonitoredItemsRequest) ua.Response {
 	m := s.m
-	switch {
-	case len(r.ItemsToModify) == 0:
-		return m.Fault(r, ua.StatusBadNothingToDo)
-	case len(r.ItemsToModify) > m.opts.MaxOperations:
-		return m.Fault(r, ua.StatusBadTooManyOperations)
-	case r.TimestampsToReturn > ua.TimestampsToReturnNeither:
+	if st := m.opsStatus(len(r.ItemsToModify)); st != ua.StatusOK {
+		return m.Fault(r, st)
+	}
+	if r.TimestampsToReturn > ua.TimestampsToReturnNeither {
 		return m.Fault(r, ua.StatusBadTimestampsToReturnInvalid)
 	}
 	s.mu.Lock()
@@ -449,11 +439,8 @@ func (s *Session) ModifyMonitoredItems(r *ua.ModifyMonitoredItemsRequest) ua.Res
 // DeleteMonitoredItems serves the DeleteMonitoredItems service.
 func (s *Session) DeleteMonitoredItems(r *ua.DeleteMonitoredItemsRequest) ua.Response {
 	m := s.m
-	switch {
-	case len(r.MonitoredItemIDs) == 0:
-		return m.Fault(r, ua.StatusBadNothingToDo)
-	case len(r.MonitoredItemIDs) > m.opts.MaxOperations:
-		return m.Fault(r, ua.StatusBadTooManyOperations)
+	if st := m.opsStatus(len(r.MonitoredItemIDs)); st != ua.StatusOK {
+		return m.Fault(r, st)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -486,12 +473,10 @@ func (s *Session) DeleteMonitoredItems(r *ua.DeleteMonitoredItemsRequest) ua.Res
 // SetMonitoringMode serves the SetMonitoringMode service.
 func (s *Session) SetMonitoringMode(r *ua.SetMonitoringModeRequest) ua.Response {
 	m := s.m
-	switch {
-	case len(r.MonitoredItemIDs) == 0:
-		return m.Fault(r, ua.StatusBadNothingToDo)
-	case len(r.MonitoredItemIDs) > m.opts.MaxOperations:
-		return m.Fault(r, ua.StatusBadTooManyOperations)
-	case r.MonitoringMode > ua.MonitoringModeReporting:
+	if st := m.opsStatus(len(r.MonitoredItemIDs)); st != ua.StatusOK {
+		return m.Fault(r, st)
+	}
+	if r.MonitoringMode > ua.MonitoringModeReporting {
 		return m.Fault(r, ua.StatusBadMonitoringModeInvalid)
 	}
 	s.mu.Lock()
