@@ -116,6 +116,35 @@ func expectBoundedMemory(growth float64, bound int, figs map[string]float64, pre
 }
 
 var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
+	It("serves 10 sessions × 1000 outstanding Reads through a seeded nemesis schedule, exactly once, in bounded memory", Label("soak"), spec.Condition("nemesis"), func(ctx SpecContext) {
+		const runFor = time.Minute
+		e, err := h.Start(ctx)
+		Expect(err).NotTo(HaveOccurred(), "start environment")
+		rec := h.NewRecorder(map[string]string{"condition": "nemesis"})
+		mon := monitor(ctx, e)
+		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
+		p := load.Pipelined(e.Endpoint, deepSessions, deepOutstanding)
+		p.Name, p.Duration, p.RequestTimeout = "nemesis", runFor, requestTimeout
+		st, err := load.Run(ctx, rec, p)
+		Expect(err).NotTo(HaveOccurred(), "run load")
+		Expect(wait()).To(Succeed(), "nemesis schedule")
+		us, growth := stopMonitor(mon)
+		figs := loadFigures("nemesis.", toxics.Baseline, st, us, growth)
+		figs["nemesis.steps"] = float64(steps)
+		spec.Diagnostics(ctx, e, "nemesis.diag.", diagnosticNodes, figs)
+		// Nothing in the schedule closes a connection: no errors, no
+		// channel faults, every request answered exactly once; a throttled
+		// or starved server slows down but never stops for 5 s.
+		v := spec.Judge("backpressure", "nemesis", rec, figs,
+			check.Spec{Name: "nemesis-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
+			check.Spec{Name: "nemesis-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: 5 * time.Second}},
+			check.Spec{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
+		)
+		Expect(v.Failed).To(BeFalse(), v.Why())
+		Expect(st.Sessions).To(Equal(deepSessions), "sessions opened")
+		expectBoundedMemory(growth, deepGrowthMiB, figs, "nemesis.", v)
+	}, SpecTimeout(3*time.Minute))
+
 	for _, cond := range toxics.CI() {
 		Context("under "+cond.Name, spec.Condition(cond.Name), func() {
 			var e *env.Env

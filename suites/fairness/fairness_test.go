@@ -16,12 +16,43 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
-// Timeline of every fairness run: warm up, then windows judged.
+// timeline is the course of a fairness run: a warm-up, then the judged
+// windows.
+type timeline struct {
+	warmup, window time.Duration
+	windows        int
+	// nemesis: inject a nemesis schedule drawn from the suite seed
+	// (toxics.Schedule) while the load runs.
+	nemesis bool
+}
+
+// ciRun is the CI profile's timeline: 4 windows of 2 s (median of ≥ 3
+// valid ones); soakRun judges 28 windows through a nemesis schedule.
+var (
+	ciRun   = timeline{warmup: 2 * time.Second, window: 2 * time.Second, windows: 4}
+	soakRun = timeline{warmup: 2 * time.Second, window: 2 * time.Second, windows: 28, nemesis: true}
+)
+
+// runFor is how long the load runs: warm-up, windows and a margin.
+func (t timeline) runFor() time.Duration {
+	return t.warmup + time.Duration(t.windows)*t.window + 500*time.Millisecond
+}
+
+// span is the judged part of a run: whole windows after the warm-up.
+func (t timeline) span() check.Span {
+	return check.Span{From: t.warmup, To: t.warmup + time.Duration(t.windows)*t.window, Window: t.window}
+}
+
+// judged returns the readings (one per sampleEvery since the load started)
+// taken during the judged windows.
+func (t timeline) judged(readings []float64) []float64 {
+	from := min(int(t.warmup/sampleEvery), len(readings))
+	to := min(int(t.span().To/sampleEvery)+1, len(readings))
+	return readings[from:to]
+}
+
+// Bounds of the fairness runs.
 const (
-	warmup  = 2 * time.Second
-	window  = 2 * time.Second
-	windows = 4
-	runFor  = warmup + windows*window + 500*time.Millisecond
 	// minServerBacklog is the median number of an owner's requests that
 	// must wait in the server's queue (where the target reports it) for
 	// the owner to count as backlogged at the server.
@@ -74,13 +105,13 @@ type owner struct {
 // runShare drives every owner's sessions with deep pipelines of sh's
 // requests under cond, while sampling the server's CPU, and returns the recorder and
 // the extra figures (load and server usage).
-func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, owners []owner) (*history.Recorder, map[string]float64) {
+func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, tl timeline, owners []owner) (*history.Recorder, map[string]float64) {
 	GinkgoHelper()
 	rec := h.NewRecorder(map[string]string{"condition": cond.Name})
 	_, err := spec.Apply(ctx, e, rec, cond)
 	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
 
-	p := load.Profile{Name: "share", Endpoint: e.Endpoint, Duration: runFor, RequestTimeout: 30 * time.Second}
+	p := load.Profile{Name: "share", Endpoint: e.Endpoint, Duration: tl.runFor(), RequestTimeout: 30 * time.Second}
 	for _, o := range owners {
 		p.Sessions = append(p.Sessions, load.Sessions(o.sessions, o.user+"-", load.Session{
 			User: o.user, Password: o.password, Outstanding: deep,
@@ -96,8 +127,15 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 		nodes = append(nodes, "Owner."+o.user+".Queued", "Owner."+o.user+".Emptied", "Owner."+o.user+".Dispatched")
 	}
 	sampler := spec.SampleDiagnostics(ctx, e, sampleEvery, nodes...)
+	schedule, figsNemesis := func() error { return nil }, 0.0
+	if tl.nemesis {
+		var n int
+		n, schedule = spec.Nemesis(ctx, e, rec, tl.runFor()-5*time.Second)
+		figsNemesis = float64(n)
+	}
 	st, err := load.Run(ctx, rec, p)
 	Expect(err).NotTo(HaveOccurred(), "run load")
+	Expect(schedule()).To(Succeed(), "nemesis schedule")
 	samples, err := sampler.Stop()
 	Expect(err).NotTo(HaveOccurred(), "sample the server's queue depth")
 	var us *env.UsageSummary
@@ -107,6 +145,9 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 		us = &u
 	}
 	figs := spec.LoadFigures("fairness", "", cond, st, us)
+	if tl.nemesis {
+		figs["nemesis.steps"] = figsNemesis
+	}
 	for _, o := range owners {
 		// Preconditions where the target reports them: every owner was
 		// backlogged at the server, not only at the client (a client-side
@@ -116,13 +157,13 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 		// proxy and the load driver share the two cores with the server,
 		// the heavy owner's median queue stays above 10 and yet it runs dry
 		// over and over, and its share falls to the light owner's.
-		if readings := judged(samples["Owner."+o.user+".Queued"]); len(readings) > 0 {
+		if readings := tl.judged(samples["Owner."+o.user+".Queued"]); len(readings) > 0 {
 			d := median(readings)
 			figs["server.queued_median."+sh.name+"."+o.user] = d
 			Expect(d).To(BeNumerically(">=", minServerBacklog),
 				"precondition: owner %s had a median of %.0f requests queued at the server (readings %v): it was not backlogged there, so shares say nothing about the scheduler", o.user, d, readings)
 		}
-		dry, served := judged(samples["Owner."+o.user+".Emptied"]), judged(samples["Owner."+o.user+".Dispatched"])
+		dry, served := tl.judged(samples["Owner."+o.user+".Emptied"]), tl.judged(samples["Owner."+o.user+".Dispatched"])
 		if len(dry) > 1 && len(served) > 1 {
 			n, d := dry[len(dry)-1]-dry[0], served[len(served)-1]-served[0]
 			rate := n / max(d, 1)
@@ -140,17 +181,6 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 	}
 	return rec, figs
 }
-
-// judged returns the readings (one per sampleEvery since the load started)
-// taken during the judged windows.
-func judged(readings []float64) []float64 {
-	from := min(int(warmup/sampleEvery), len(readings))
-	to := min(int((warmup+windows*window)/sampleEvery)+1, len(readings))
-	return readings[from:to]
-}
-
-// shareSpan is the judged part of a run: whole windows after the warm-up.
-var shareSpan = check.Span{From: warmup, To: warmup + windows*window, Window: window}
 
 // ownerRatios returns, per valid window of a windowed-share result, the
 // served count of a divided by that of b.
@@ -178,7 +208,43 @@ func median(xs []float64) float64 {
 	return (s[n/2-1] + s[n/2]) / 2
 }
 
+// weighted runs the 1:3 spec: heavy and light owners with the same sessions
+// and pipelines; the median heavy/light ratio of the valid windows must be
+// in 2.5–3.5.
+func weighted(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, tl timeline) {
+	GinkgoHelper()
+	h.Require("weights", "service-time")
+	// The reference server weighs heavy:3,light:1 by default
+	// (OPCUA_OWNER_WEIGHTS); both owners get the same sessions.
+	heavy, light := mustUser(2), mustUser(3)
+	rec, figs := runShare(ctx, e, cond, sh, tl, []owner{
+		{heavy.Name, heavy.Password, 4},
+		{light.Name, light.Password, 4},
+	})
+	name := "weighted-" + sh.name
+	v := spec.Judge("fairness", cond.Name, rec, figs,
+		check.Spec{Name: name, Config: check.ShareConfig{
+			Span: tl.span(), Owners: []string{heavy.Name, light.Name},
+			Weights: map[string]float64{heavy.Name: 3, light.Name: 1},
+			Kinds:   []history.Kind{sh.request.Kind}, MinRatio: 2.5 / 3, MinOutstanding: deep / 2, MinServed: 20,
+		}},
+		check.Spec{Name: name + "-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{sh.request.Kind}}},
+	)
+	ratios := ownerRatios(v.Results[0], heavy.Name, light.Name)
+	m := median(ratios)
+	spec.Record(spec.Row("fairness", cond.Name, map[string]float64{name + ".heavy_light_median": m}))
+	Expect(v.Failed).To(BeFalse(), v.Why())
+	Expect(m).To(BeNumerically(">=", 2.5), "median heavy/light %.2f over windows %v\n%s", m, ratios, v.Explanation)
+	Expect(m).To(BeNumerically("<=", 3.5), "median heavy/light %.2f over windows %v\n%s", m, ratios, v.Explanation)
+}
+
 var _ = Describe("Fairness", spec.Property("fairness"), func() {
+	It("serves owners weighted 1:3 through a seeded nemesis schedule, worker-bound (median of 28 windows)", Label("soak"), spec.Condition("nemesis"), func(ctx SpecContext) {
+		e, err := h.Start(ctx)
+		Expect(err).NotTo(HaveOccurred(), "start environment")
+		weighted(ctx, e, toxics.Condition{Name: "nemesis"}, workerBound, soakRun)
+	}, SpecTimeout(3*time.Minute))
+
 	for _, cond := range toxics.CI() {
 		Context("under "+cond.Name, spec.Condition(cond.Name), func() {
 			var e *env.Env
@@ -191,13 +257,13 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 			It("keeps a flooding owner from starving another of equal weight", func(ctx SpecContext) {
 				h.Require("service-time")
 				flood, victim := mustUser(0), mustUser(1)
-				rec, figs := runShare(ctx, e, cond, cpuBound, []owner{
+				rec, figs := runShare(ctx, e, cond, cpuBound, ciRun, []owner{
 					{flood.Name, flood.Password, 8},
 					{victim.Name, victim.Password, 2},
 				})
 				v := spec.Judge("fairness", cond.Name, rec, figs,
 					check.Spec{Name: "isolation", Config: check.ShareConfig{
-						Span: shareSpan, Owners: []string{flood.Name, victim.Name},
+						Span: ciRun.span(), Owners: []string{flood.Name, victim.Name},
 						Kinds: []history.Kind{cpuBound.request.Kind}, MinRatio: 0.8, MinOutstanding: deep / 2, MinServed: 20,
 					}},
 					check.Spec{Name: "isolation-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{cpuBound.request.Kind}}},
@@ -214,29 +280,7 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 
 			for _, sh := range []shape{cpuBound, workerBound} {
 				It("serves owners weighted 1:3 in proportion, "+sh.name+" (median of windows 2.5–3.5)", Label("service:"+sh.name), func(ctx SpecContext) {
-					h.Require("weights", "service-time")
-					// The reference server weighs heavy:3,light:1 by default
-					// (OPCUA_OWNER_WEIGHTS); both owners get the same sessions.
-					heavy, light := mustUser(2), mustUser(3)
-					rec, figs := runShare(ctx, e, cond, sh, []owner{
-						{heavy.Name, heavy.Password, 4},
-						{light.Name, light.Password, 4},
-					})
-					name := "weighted-" + sh.name
-					v := spec.Judge("fairness", cond.Name, rec, figs,
-						check.Spec{Name: name, Config: check.ShareConfig{
-							Span: shareSpan, Owners: []string{heavy.Name, light.Name},
-							Weights: map[string]float64{heavy.Name: 3, light.Name: 1},
-							Kinds:   []history.Kind{sh.request.Kind}, MinRatio: 2.5 / 3, MinOutstanding: deep / 2, MinServed: 20,
-						}},
-						check.Spec{Name: name + "-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{sh.request.Kind}}},
-					)
-					ratios := ownerRatios(v.Results[0], heavy.Name, light.Name)
-					m := median(ratios)
-					spec.Record(spec.Row("fairness", cond.Name, map[string]float64{name + ".heavy_light_median": m}))
-					Expect(v.Failed).To(BeFalse(), v.Why())
-					Expect(m).To(BeNumerically(">=", 2.5), "median heavy/light %.2f over windows %v\n%s", m, ratios, v.Explanation)
-					Expect(m).To(BeNumerically("<=", 3.5), "median heavy/light %.2f over windows %v\n%s", m, ratios, v.Explanation)
+					weighted(ctx, e, cond, sh, ciRun)
 				}, SpecTimeout(90*time.Second))
 			}
 		})

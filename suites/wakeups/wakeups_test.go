@@ -64,17 +64,12 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 	It("keeps every request moving through a seeded nemesis schedule", Label("soak"), spec.Condition("nemesis"), func(ctx SpecContext) {
 		const runFor = time.Minute
 		e, rec := start(ctx, toxics.Baseline, 0)
-		steps := toxics.Schedule(GinkgoRandomSeed(), runFor-5*time.Second)
-		for _, s := range steps {
-			GinkgoWriter.Printf("nemesis: %s at %v for %v\n", s.Condition.Name, s.At, s.For)
-		}
-		rec.SetLabel("nemesis", fmt.Sprintf("%d steps from seed %d", len(steps), GinkgoRandomSeed()))
-		wait := spec.RunSchedule(ctx, e, rec, steps)
+		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
 		p := load.Pipelined(e.Endpoint, 10, 50)
 		p.Name, p.Duration, p.RequestTimeout = "nemesis", runFor, 30*time.Second
 		figs := run(ctx, rec, p)
 		Expect(wait()).To(Succeed(), "nemesis schedule")
-		figs["nemesis.steps"] = float64(len(steps))
+		figs["nemesis.steps"] = float64(steps)
 		// Nothing in the schedule closes a connection: every request
 		// completes exactly once, none fails, and no session waits 2 s
 		// with requests outstanding and nothing completing.
