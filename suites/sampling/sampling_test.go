@@ -31,6 +31,50 @@ const (
 )
 
 var _ = Describe("100 Hz sampling", spec.Property(property), func() {
+	It("samples 1024 items at 10 ms through a seeded nemesis schedule and recovers its rate after every fault", Label("soak"), spec.Condition("nemesis"), func(ctx SpecContext) {
+		const (
+			items  = 1024
+			runFor = time.Minute
+			window = time.Second
+			// grace after each fault: the publish backlog of a throttled
+			// link drains, a starved sampler is back on its grid.
+			grace = time.Second
+		)
+		h.Require("sampling")
+		pattern := h.Setup.Target.SampleNode
+		e, err := h.Start(ctx)
+		Expect(err).NotTo(HaveOccurred(), "start environment")
+		rec := h.NewRecorder(map[string]string{"condition": "nemesis", "items": fmt.Sprint(items)})
+		c, err := uaclient.Open(ctx, e.Endpoint)
+		Expect(err).NotTo(HaveOccurred(), "open session")
+		DeferCleanup(func(ctx context.Context) { _ = c.Close(ctx) }, NodeTimeout(10*time.Second))
+		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
+		st, err := subscribe.Run(ctx, rec, c, subscribe.Config{
+			Client: "sub", Items: items,
+			Node: func(i int) *ua.NodeID { return ua.MustParseNodeID(fmt.Sprintf(pattern, i)) }, Sampling: interval, Publishing: publishing,
+			Outstanding: 4, Duration: runFor,
+		})
+		Expect(err).NotTo(HaveOccurred(), "subscribe")
+		Expect(wait()).To(Succeed(), "nemesis schedule")
+		figs := st.Figures()
+		figs["nemesis.steps"] = float64(steps)
+		// Samples lost during a fault (and its grace) are excused; every
+		// quiet window must be back at ≥ 99 %: a sampler that drifts or
+		// stays behind after starvation fails there.
+		span := check.Span{From: warmup, To: runFor - window, Window: window}
+		v := spec.Judge(property, "nemesis", rec, figs,
+			check.Spec{Name: "nemesis-items", Config: check.SamplingConfig{
+				Span: span, Interval: interval, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.99,
+				Excuse: []string{"*"}, Grace: grace,
+			}},
+			check.Spec{Name: "nemesis-publish", Config: check.ErrorBudgetConfig{
+				Span: check.Span{From: warmup, To: runFor - window}, Kinds: []history.Kind{history.KindPublish},
+				Excuse: []string{"*"}, Grace: grace,
+			}},
+		)
+		Expect(v.Failed).To(BeFalse(), v.Why())
+	}, SpecTimeout(3*time.Minute))
+
 	for _, cond := range toxics.CI() {
 		Context("under "+cond.Name, spec.Condition(cond.Name), func() {
 			var e *env.Env
