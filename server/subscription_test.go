@@ -262,7 +262,13 @@ func TestPublishDropFaultOverTheWire(t *testing.T) {
 	for range 150 {
 		go func() { _ = c.Send(ctx, &ua.PublishRequest{}, func(ua.Response) error { return nil }) }()
 	}
-	waitFor(t, "147 Publish requests dropped", func() bool { return srv.subs.Stats().Dropped == 147 })
+	// 3 are kept; the subscription's first publishing cycle may answer one
+	// of them with a keep-alive while the others still arrive, which makes
+	// room for one more: 146 or 147 are dropped.
+	waitFor(t, "146 or 147 Publish requests dropped", func() bool { return srv.subs.Stats().Dropped >= 146 })
+	if d := srv.subs.Stats().Dropped; d > 147 {
+		t.Fatalf("%d Publish requests dropped, want at most 147 (3 kept)", d)
+	}
 	if v := readInt(t, c, NodeSubscriptions); v != 1 {
 		t.Fatalf("Subscription.Count %d after the drops", v)
 	}
