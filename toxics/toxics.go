@@ -92,6 +92,9 @@ func Timeout(stream string, timeoutMS int) Toxic {
 var (
 	// Baseline injects nothing.
 	Baseline = Condition{Name: "baseline"}
+	// Scheduled names the runs under a nemesis schedule (Schedule): it
+	// injects nothing itself, the schedule's steps do.
+	Scheduled = Condition{Name: "nemesis"}
 	// LatencyJitter delays both directions by 20 ± 5 ms.
 	LatencyJitter = Condition{Name: "latency", Toxics: []Toxic{
 		Latency(Upstream, 20, 5), Latency(Downstream, 20, 5),

@@ -116,11 +116,11 @@ func expectBoundedMemory(growth float64, bound int, figs map[string]float64, pre
 }
 
 var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
-	It("serves 10 sessions × 1000 outstanding Reads through a seeded nemesis schedule, exactly once, in bounded memory", Label("soak"), spec.Condition("nemesis"), func(ctx SpecContext) {
+	It("serves 10 sessions × 1000 outstanding Reads through a seeded nemesis schedule, exactly once, in bounded memory", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
 		const runFor = time.Minute
 		e, err := h.Start(ctx)
 		Expect(err).NotTo(HaveOccurred(), "start environment")
-		rec := h.NewRecorder(map[string]string{"condition": "nemesis"})
+		rec := h.NewRecorder(map[string]string{"condition": toxics.Scheduled.Name})
 		mon := monitor(ctx, e)
 		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
 		p := load.Pipelined(e.Endpoint, deepSessions, deepOutstanding)
@@ -129,13 +129,13 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		Expect(err).NotTo(HaveOccurred(), "run load")
 		Expect(wait()).To(Succeed(), "nemesis schedule")
 		us, growth := stopMonitor(mon)
-		figs := loadFigures("nemesis.", toxics.Baseline, st, us, growth)
+		figs := loadFigures("nemesis.", toxics.Scheduled, st, us, growth)
 		figs["nemesis.steps"] = float64(steps)
 		spec.Diagnostics(ctx, e, "nemesis.diag.", diagnosticNodes, figs)
 		// Nothing in the schedule closes a connection: no errors, no
 		// channel faults, every request answered exactly once; a throttled
 		// or starved server slows down but never stops for 5 s.
-		v := spec.Judge("backpressure", "nemesis", rec, figs,
+		v := spec.Judge("backpressure", toxics.Scheduled.Name, rec, figs,
 			check.Spec{Name: "nemesis-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
 			check.Spec{Name: "nemesis-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: 5 * time.Second}},
 			check.Spec{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},

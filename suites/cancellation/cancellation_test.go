@@ -429,8 +429,8 @@ func cancelStorm(ctx context.Context, cond toxics.Condition, stream uint64, stor
 }
 
 var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
-	It("answers every request of a minute-long cancel storm under a seeded nemesis schedule exactly once and loses no capacity", Label("soak"), spec.Condition("nemesis"), func(ctx SpecContext) {
-		cancelStorm(ctx, toxics.Condition{Name: "nemesis"}, 0x50a6, time.Minute, true)
+	It("answers every request of a minute-long cancel storm under a seeded nemesis schedule exactly once and loses no capacity", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
+		cancelStorm(ctx, toxics.Scheduled, 0x50a6, time.Minute, true)
 	}, SpecTimeout(4*time.Minute))
 
 	for ci, cond := range toxics.CI() {

@@ -127,11 +127,9 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 		nodes = append(nodes, "Owner."+o.user+".Queued", "Owner."+o.user+".Emptied", "Owner."+o.user+".Dispatched")
 	}
 	sampler := spec.SampleDiagnostics(ctx, e, sampleEvery, nodes...)
-	schedule, figsNemesis := func() error { return nil }, 0.0
+	steps, schedule := 0, func() error { return nil }
 	if tl.nemesis {
-		var n int
-		n, schedule = spec.Nemesis(ctx, e, rec, tl.runFor()-5*time.Second)
-		figsNemesis = float64(n)
+		steps, schedule = spec.Nemesis(ctx, e, rec, tl.runFor()-5*time.Second)
 	}
 	st, err := load.Run(ctx, rec, p)
 	Expect(err).NotTo(HaveOccurred(), "run load")
@@ -146,7 +144,7 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 	}
 	figs := spec.LoadFigures("fairness", "", cond, st, us)
 	if tl.nemesis {
-		figs["nemesis.steps"] = figsNemesis
+		figs["nemesis.steps"] = float64(steps)
 	}
 	for _, o := range owners {
 		// Preconditions where the target reports them: every owner was
@@ -239,10 +237,10 @@ func weighted(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 }
 
 var _ = Describe("Fairness", spec.Property("fairness"), func() {
-	It("serves owners weighted 1:3 through a seeded nemesis schedule, worker-bound (median of 28 windows)", Label("soak"), spec.Condition("nemesis"), func(ctx SpecContext) {
+	It("serves owners weighted 1:3 through a seeded nemesis schedule, worker-bound (median of 28 windows)", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
 		e, err := h.Start(ctx)
 		Expect(err).NotTo(HaveOccurred(), "start environment")
-		weighted(ctx, e, toxics.Condition{Name: "nemesis"}, workerBound, soakRun)
+		weighted(ctx, e, toxics.Scheduled, workerBound, soakRun)
 	}, SpecTimeout(3*time.Minute))
 
 	for _, cond := range toxics.CI() {

@@ -61,9 +61,9 @@ func run(ctx context.Context, rec *history.Recorder, p load.Profile) map[string]
 }
 
 var _ = Describe("No lost wakeups", spec.Property(property), func() {
-	It("keeps every request moving through a seeded nemesis schedule", Label("soak"), spec.Condition("nemesis"), func(ctx SpecContext) {
+	It("keeps every request moving through a seeded nemesis schedule", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
 		const runFor = time.Minute
-		e, rec := start(ctx, toxics.Baseline, 0)
+		e, rec := start(ctx, toxics.Scheduled, 0)
 		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
 		p := load.Pipelined(e.Endpoint, 10, 50)
 		p.Name, p.Duration, p.RequestTimeout = "nemesis", runFor, 30*time.Second
@@ -73,7 +73,7 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 		// Nothing in the schedule closes a connection: every request
 		// completes exactly once, none fails, and no session waits 2 s
 		// with requests outstanding and nothing completing.
-		v := spec.Judge(property, "nemesis", rec, figs,
+		v := spec.Judge(property, toxics.Scheduled.Name, rec, figs,
 			check.Spec{Name: "nemesis-stall", Config: check.StallConfig{GroupBy: check.BySession, MaxStall: 2 * time.Second, Kinds: []history.Kind{history.KindRead}}},
 			check.Spec{Name: "nemesis-errors", Config: check.ErrorBudgetConfig{}},
 			check.Spec{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead}}},
