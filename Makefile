@@ -41,7 +41,7 @@ $(CHAOS):
 	@go build -o $(CHAOS) ./fixtures/cmd/chaos
 
 chaos: $(CHAOS) ## run all suites against TARGET (LABEL_FILTER, SEED narrow it) and print the summary
-	@$(CHAOS) preflight
+	@OPCUA_CHAOS_RUN=$(RUN) $(CHAOS) preflight
 	@rc=0; OPCUA_CHAOS_RUN=$(RUN) go tool ginkgo $(GINKGO_FLAGS) ./suites/... || rc=$$?; \
 	$(CHAOS) table $(REPORTS)/$(RUN) || true; \
 	exit $$rc

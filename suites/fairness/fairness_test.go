@@ -2,6 +2,7 @@ package fairness_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
@@ -206,15 +208,16 @@ func median(xs []float64) float64 {
 	return (s[n/2-1] + s[n/2]) / 2
 }
 
-// weighted runs the 1:3 spec: heavy and light owners with the same sessions
-// and pipelines; the median heavy/light ratio of the valid windows must be
-// in 2.5–3.5.
+// weighted runs the weighted spec: the heaviest and the lightest of the
+// target's weighted owners (the reference server's heavy:3,light:1, or
+// OPCUA_CHAOS_WEIGHTS) with the same sessions and pipelines; the median
+// heavy/light ratio of the valid windows must be within 1/6 of the weight
+// ratio (2.5–3.5 for 1:3).
 func weighted(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, tl timeline) {
 	GinkgoHelper()
 	h.Require("weights", "service-time")
-	// The reference server weighs heavy:3,light:1 by default
-	// (OPCUA_OWNER_WEIGHTS); both owners get the same sessions.
-	heavy, light := mustUser(2), mustUser(3)
+	heavy, light, want, _ := h.Setup.Target.Weighted()
+	lo, hi := want*5/6, want*7/6
 	rec, figs := runShare(ctx, e, cond, sh, tl, []owner{
 		{heavy.Name, heavy.Password, 4},
 		{light.Name, light.Password, 4},
@@ -223,8 +226,8 @@ func weighted(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 	v := spec.Judge("fairness", cond.Name, rec, figs,
 		check.Spec{Name: name, Config: check.ShareConfig{
 			Span: tl.span(), Owners: []string{heavy.Name, light.Name},
-			Weights: map[string]float64{heavy.Name: 3, light.Name: 1},
-			Kinds:   []history.Kind{sh.request.Kind}, MinRatio: 2.5 / 3, MinOutstanding: deep / 2, MinServed: 20,
+			Weights: map[string]float64{heavy.Name: want, light.Name: 1},
+			Kinds:   []history.Kind{sh.request.Kind}, MinRatio: 5.0 / 6, MinOutstanding: deep / 2, MinServed: 20,
 		}},
 		check.Spec{Name: name + "-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{sh.request.Kind}}},
 	)
@@ -232,8 +235,8 @@ func weighted(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 	m := median(ratios)
 	spec.Record(spec.Row("fairness", cond.Name, map[string]float64{name + ".heavy_light_median": m}))
 	Expect(v.Failed).To(BeFalse(), v.Why())
-	Expect(m).To(BeNumerically(">=", 2.5), "median heavy/light %.2f over windows %v\n%s", m, ratios, v.Explanation)
-	Expect(m).To(BeNumerically("<=", 3.5), "median heavy/light %.2f over windows %v\n%s", m, ratios, v.Explanation)
+	Expect(m).To(BeNumerically(">=", lo), "median heavy/light %.2f (weights %g:1) over windows %v\n%s", m, want, ratios, v.Explanation)
+	Expect(m).To(BeNumerically("<=", hi), "median heavy/light %.2f (weights %g:1) over windows %v\n%s", m, want, ratios, v.Explanation)
 }
 
 var _ = Describe("Fairness", spec.Property("fairness"), func() {
@@ -253,8 +256,11 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 			}, NodeTimeout(2*time.Minute))
 
 			It("keeps a flooding owner from starving another of equal weight", func(ctx SpecContext) {
-				h.Require("service-time")
-				flood, victim := mustUser(0), mustUser(1)
+				h.Require("service-time", "users")
+				flood, victim, ok := h.Setup.Target.EqualPair()
+				if !ok {
+					Skip(fmt.Sprintf("target %s has no two users of equal weight (weights %s)", h.Setup.Target.Name, target.WeightsEnv(h.Setup.Target.Weights)))
+				}
 				rec, figs := runShare(ctx, e, cond, cpuBound, ciRun, []owner{
 					{flood.Name, flood.Password, 8},
 					{victim.Name, victim.Password, 2},
@@ -284,11 +290,3 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 		})
 	}
 })
-
-// mustUser returns the target's i-th user or fails the spec.
-func mustUser(i int) struct{ Name, Password string } {
-	GinkgoHelper()
-	u, err := h.Setup.Target.User(i)
-	Expect(err).NotTo(HaveOccurred())
-	return struct{ Name, Password string }{u.Name, u.Password}
-}
