@@ -23,7 +23,7 @@ import (
 // every test can be run against a deliberately broken server:
 //
 //	OPCUA_TEST_FAULTS=serial-dispatch go test ./server/...
-func testFaults(t *testing.T) Faults {
+func testFaults(t testing.TB) Faults {
 	t.Helper()
 	fs, err := ParseFaults(os.Getenv("OPCUA_TEST_FAULTS"))
 	if err != nil {
@@ -32,7 +32,7 @@ func testFaults(t *testing.T) Faults {
 	return fs
 }
 
-type testLogWriter struct{ t *testing.T }
+type testLogWriter struct{ t testing.TB }
 
 func (w testLogWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
@@ -41,7 +41,7 @@ func (w testLogWriter) Write(p []byte) (int, error) {
 
 // startServer runs a server on 127.0.0.1:0 until the test ends and returns
 // its endpoint URL. Faults from OPCUA_TEST_FAULTS are added to cfg.Faults.
-func startServer(t *testing.T, cfg Config) (string, *Server) {
+func startServer(t testing.TB, cfg Config) (string, *Server) {
 	t.Helper()
 	faults := testFaults(t)
 	for f, on := range cfg.Faults {
@@ -272,7 +272,7 @@ func TestAnonymousRejectedWhenDisabled(t *testing.T) {
 
 // sendRaw sends req on c's secure channel with the given authentication
 // token and returns the service result.
-func sendRaw(t *testing.T, c *opcua.Client, req ua.Request, token *ua.NodeID) (ua.Response, error) {
+func sendRaw(t testing.TB, c *opcua.Client, req ua.Request, token *ua.NodeID) (ua.Response, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
