@@ -1,6 +1,7 @@
 package server
 
 import (
+	"crypto/rsa"
 	"flag"
 	"fmt"
 	"io"
@@ -154,6 +155,14 @@ type Config struct {
 	Users map[string]string
 	// NoAnonymous rejects anonymous sessions.
 	NoAnonymous bool
+	// PrivateKey and Certificate (DER) are the application instance
+	// key and certificate, advertised in the endpoints and used to decrypt
+	// user-name passwords. Set both or neither: without them New generates
+	// an RSA-2048 key and a self-signed certificate with ApplicationURI in
+	// its subjectAltName. A given certificate must name ApplicationURI
+	// too, with an RSA key of 2048 to 4096 bits.
+	PrivateKey  *rsa.PrivateKey
+	Certificate []byte
 	// OwnerWeights are the fair queue weights per owner (default 1).
 	OwnerWeights map[string]int
 	// Workers is the worker pool size (default max(8, 2×GOMAXPROCS)).

@@ -4,15 +4,38 @@
 //
 // It is built on gopcua's protocol packages (uacp, uasc, ua) with its own
 // session layer and dispatch; gopcua's stock server.Server is not used.
-// Only SecurityPolicy None / MessageSecurityMode None are offered.
+// Only SecurityPolicy None / MessageSecurityMode None are offered for the
+// secure channel.
+//
+// # Identity
+//
+// Like real servers (e.g. open62541), ActivateSession accepts an identity
+// token only with a PolicyId the endpoints advertise:
+// "refserver-anonymous" (PolicyAnonymous; not offered with
+// Config.NoAnonymous) and "refserver-username-basic256sha256"
+// (PolicyUserName), whose SecurityPolicyUri is Basic256Sha256: the
+// password must come encrypted with the server certificate (RSA-OAEP,
+// EncryptionAlgorithm http://www.w3.org/2001/04/xmlenc#rsa-oaep) in the
+// legacy secret layout (4-byte little-endian length of password and nonce,
+// password, nonce), with the session's last server nonce (CreateSession and
+// every successful ActivateSession issue a new one). The certificate is a
+// self-signed RSA-2048 one generated at start with ApplicationURI in its
+// subjectAltName (or Config.PrivateKey and Config.Certificate), advertised
+// in the EndpointDescriptions and the CreateSessionResponse. An unknown
+// PolicyId, a plain password, another EncryptionAlgorithm, a secret that
+// does not decrypt, a bad length field or a nonce that is not the
+// session's last one give BadIdentityTokenInvalid; an unknown user or a
+// wrong password (compared in constant time) BadUserAccessDenied; a token
+// type that is not offered BadIdentityTokenRejected. A null identity token
+// counts as anonymous. The RSA decryption costs about 1 ms of CPU per
+// user-name activation.
 //
 // # Services
 //
 // GetEndpoints (advertises the EndpointUrl the client sent, so clients behind
-// a proxy keep using the proxy; token policies "anonymous" and "username",
-// both with policy None), FindServers, CreateSession, ActivateSession
-// (anonymous, or user name and password checked against Config.Users; a bad
-// password gives BadUserAccessDenied), CloseSession, Cancel, Read and the
+// a proxy keep using the proxy, with the token policies above),
+// FindServers, CreateSession, ActivateSession (see Identity; user names and
+// passwords from Config.Users), CloseSession, Cancel, Read and the
 // subscription services (see Subscriptions). Every
 // session service checks the authentication token (BadSessionIdInvalid,
 // BadSessionNotActivated, BadSecureChannelIdInvalid when used from another

@@ -85,7 +85,7 @@ func occupyWorker(t *testing.T, srv *Server, c *opcua.Client, ms int) <-chan err
 // never run; CancelCount reports it.
 func TestCancelQueuedRequest(t *testing.T) {
 	endpoint, srv := startServer(t, Config{Workers: 1})
-	c := connect(t, endpoint, opcua.AuthUsername("user1", "password"))
+	c := connect(t, endpoint, asUser(t, endpoint, "user1", "password"))
 	readsBefore := srv.stats.readRequests.Load()
 
 	running := occupyWorker(t, srv, c, 400)
@@ -136,10 +136,10 @@ func TestCancelQueuedRequest(t *testing.T) {
 // requests BadSessionClosed at once and returns their slots.
 func TestCloseSessionCancelsQueued(t *testing.T) {
 	endpoint, srv := startServer(t, Config{Workers: 1})
-	other := connect(t, endpoint, opcua.AuthUsername("user2", "password1"))
+	other := connect(t, endpoint, asUser(t, endpoint, "user2", "password1"))
 	// Connect first: connecting reads the namespace array, which would
 	// queue behind the busy worker.
-	c, err := dial(endpoint, opcua.AuthUsername("user1", "password"))
+	c, err := dial(endpoint, asUser(t, endpoint, "user1", "password"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,9 +222,9 @@ func (p *proxy) kill() {
 // would have reached them.
 func TestLostConnectionCancelsQueued(t *testing.T) {
 	endpoint, srv := startServer(t, Config{Workers: 1})
-	other := connect(t, endpoint, opcua.AuthUsername("user2", "password1"))
+	other := connect(t, endpoint, asUser(t, endpoint, "user2", "password1"))
 	p := newProxy(t, srv.Addr().String())
-	c, err := dial(p.endpoint(), opcua.AuthUsername("user1", "password"))
+	c, err := dial(p.endpoint(), asUser(t, endpoint, "user1", "password"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,8 +255,8 @@ func TestLostConnectionCancelsQueued(t *testing.T) {
 // requests with BadServerTooBusy; one owner cannot take another's share.
 func TestServerTooBusy(t *testing.T) {
 	endpoint, srv := startServer(t, Config{Workers: 1, QueueSize: 4, OwnerQueueSize: 2})
-	c1 := connect(t, endpoint, opcua.AuthUsername("user1", "password"))
-	c2 := connect(t, endpoint, opcua.AuthUsername("user2", "password1"))
+	c1 := connect(t, endpoint, asUser(t, endpoint, "user1", "password"))
+	c2 := connect(t, endpoint, asUser(t, endpoint, "user2", "password1"))
 	running := occupyWorker(t, srv, c1, 500)
 
 	var first []<-chan error
@@ -296,8 +296,8 @@ func TestServerTooBusy(t *testing.T) {
 // heavy gets about three times light's service.
 func TestWeightedFairnessEndToEnd(t *testing.T) {
 	endpoint, srv := startServer(t, Config{Workers: 1, OwnerWeights: map[string]int{"heavy": 3, "light": 1}})
-	heavy := connect(t, endpoint, opcua.AuthUsername("heavy", "heavy"))
-	light := connect(t, endpoint, opcua.AuthUsername("light", "light"))
+	heavy := connect(t, endpoint, asUser(t, endpoint, "heavy", "heavy"))
+	light := connect(t, endpoint, asUser(t, endpoint, "light", "light"))
 	running := occupyWorker(t, srv, heavy, 100)
 	var wg sync.WaitGroup
 	for _, c := range []*opcua.Client{heavy, light} {

@@ -37,6 +37,7 @@ type Server struct {
 	log      *slog.Logger
 	sessions *session.Manager
 	start    time.Time
+	creds    credentials // certificate and user-name secret decryption
 
 	nextChannelID atomic.Uint32
 	nextTokenID   atomic.Uint32
@@ -115,9 +116,14 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	creds, err := newCredentials(cfg.PrivateKey, cfg.Certificate)
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{
-		cfg: cfg,
-		log: cfg.Logger,
+		cfg:   cfg,
+		log:   cfg.Logger,
+		creds: creds,
 		sessions: session.NewManager(session.Limits{
 			MinTimeout:  cfg.MinSessionTimeout,
 			MaxSessions: cfg.MaxSessions,
@@ -172,7 +178,8 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		"backpressure_high", s.cfg.HighMark,
 		"backpressure_low", s.cfg.LowMark,
 		"users", len(s.cfg.Users),
-		"anonymous", !s.cfg.NoAnonymous)
+		"anonymous", !s.cfg.NoAnonymous,
+		"certificate_sha1", s.creds.thumbprint())
 	s.log.Info(ReadyMessage, "listen", l.Addr().String())
 
 	var workers sync.WaitGroup

@@ -3,10 +3,12 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,7 +23,7 @@ import (
 // every test can be run against a deliberately broken server:
 //
 //	OPCUA_TEST_FAULTS=serial-dispatch go test ./server/...
-func testFaults(t *testing.T) Faults {
+func testFaults(t testing.TB) Faults {
 	t.Helper()
 	fs, err := ParseFaults(os.Getenv("OPCUA_TEST_FAULTS"))
 	if err != nil {
@@ -30,7 +32,7 @@ func testFaults(t *testing.T) Faults {
 	return fs
 }
 
-type testLogWriter struct{ t *testing.T }
+type testLogWriter struct{ t testing.TB }
 
 func (w testLogWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
@@ -39,7 +41,7 @@ func (w testLogWriter) Write(p []byte) (int, error) {
 
 // startServer runs a server on 127.0.0.1:0 until the test ends and returns
 // its endpoint URL. Faults from OPCUA_TEST_FAULTS are added to cfg.Faults.
-func startServer(t *testing.T, cfg Config) (string, *Server) {
+func startServer(t testing.TB, cfg Config) (string, *Server) {
 	t.Helper()
 	faults := testFaults(t)
 	for f, on := range cfg.Faults {
@@ -112,6 +114,45 @@ func dial(endpoint string, opts ...opcua.Option) (*opcua.Client, error) {
 	return c, nil
 }
 
+// noneEndpoint asks the server for its endpoints and returns the one with
+// SecurityPolicy None, as a gopcua application does before it connects.
+func noneEndpoint(t *testing.T, endpoint string) *ua.EndpointDescription {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	eps, err := opcua.GetEndpoints(ctx, endpoint, opcua.SecurityMode(ua.MessageSecurityModeNone), opcua.SecurityPolicy(ua.SecurityPolicyURINone))
+	if err != nil {
+		t.Fatalf("get endpoints: %v", err)
+	}
+	ep, err := opcua.SelectEndpoint(eps, ua.SecurityPolicyURINone, ua.MessageSecurityModeNone)
+	if err != nil {
+		t.Fatalf("select endpoint: %v", err)
+	}
+	return ep
+}
+
+// anonymous is the option for an anonymous session with the advertised
+// PolicyId, the way gopcua documents it (SecurityFromEndpoint).
+func anonymous(t *testing.T, endpoint string) opcua.Option {
+	t.Helper()
+	return opcua.SecurityFromEndpoint(noneEndpoint(t, endpoint), ua.UserTokenTypeAnonymous)
+}
+
+// asUser is the option for a session as user name with password: the
+// advertised PolicyId, the password encrypted with the server certificate
+// as the token policy asks (gopcua's SecurityFromEndpoint and AuthUsername).
+func asUser(t *testing.T, endpoint, name, password string) opcua.Option {
+	t.Helper()
+	sec := opcua.SecurityFromEndpoint(noneEndpoint(t, endpoint), ua.UserTokenTypeUserName)
+	auth := opcua.AuthUsername(name, password)
+	return func(cfg *opcua.Config) error {
+		if err := sec(cfg); err != nil {
+			return err
+		}
+		return auth(cfg)
+	}
+}
+
 func readValues(t *testing.T, c *opcua.Client, ids ...*ua.NodeID) []*ua.DataValue {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -134,7 +175,7 @@ func counter(name string) *ua.NodeID { return ua.NewStringNodeID(1, name) }
 
 func TestReadServerStatusAndCounters(t *testing.T) {
 	endpoint, _ := startServer(t, Config{})
-	c := connect(t, endpoint, opcua.AuthAnonymous())
+	c := connect(t, endpoint, anonymous(t, endpoint))
 
 	res := readValues(t, c,
 		ua.NewNumericNodeID(0, id.Server_ServerStatus),
@@ -192,17 +233,20 @@ func TestReadServerStatusAndCounters(t *testing.T) {
 	}
 }
 
+// TestUsernameAuthentication: gopcua's client, configured from the
+// endpoints, encrypts the password; a wrong password or an unknown user is
+// BadUserAccessDenied.
 func TestUsernameAuthentication(t *testing.T) {
 	endpoint, _ := startServer(t, Config{Users: map[string]string{"alice": "secret"}})
 
-	c := connect(t, endpoint, opcua.AuthUsername("alice", "secret"))
+	c := connect(t, endpoint, asUser(t, endpoint, "alice", "secret"))
 	readValues(t, c, ua.NewNumericNodeID(0, id.Server_ServerStatus_State))
 
-	_, err := dial(endpoint, opcua.AuthUsername("alice", "wrong"))
+	_, err := dial(endpoint, asUser(t, endpoint, "alice", "wrong"))
 	if !errors.Is(err, ua.StatusBadUserAccessDenied) {
 		t.Errorf("bad password: err = %v, want BadUserAccessDenied", err)
 	}
-	_, err = dial(endpoint, opcua.AuthUsername("mallory", "secret"))
+	_, err = dial(endpoint, asUser(t, endpoint, "mallory", "secret"))
 	if !errors.Is(err, ua.StatusBadUserAccessDenied) {
 		t.Errorf("unknown user: err = %v, want BadUserAccessDenied", err)
 	}
@@ -210,15 +254,25 @@ func TestUsernameAuthentication(t *testing.T) {
 
 func TestAnonymousRejectedWhenDisabled(t *testing.T) {
 	endpoint, _ := startServer(t, Config{NoAnonymous: true})
+	for _, p := range noneEndpoint(t, endpoint).UserIdentityTokens {
+		if p.TokenType == ua.UserTokenTypeAnonymous {
+			t.Errorf("anonymous token policy %q advertised", p.PolicyID)
+		}
+	}
 	_, err := dial(endpoint, opcua.AuthAnonymous())
 	if !errors.Is(err, ua.StatusBadIdentityTokenRejected) {
 		t.Errorf("anonymous: err = %v, want BadIdentityTokenRejected", err)
+	}
+	// A client that configures no identity falls back to anonymous too.
+	_, err = dial(endpoint)
+	if !errors.Is(err, ua.StatusBadIdentityTokenRejected) {
+		t.Errorf("no identity: err = %v, want BadIdentityTokenRejected", err)
 	}
 }
 
 // sendRaw sends req on c's secure channel with the given authentication
 // token and returns the service result.
-func sendRaw(t *testing.T, c *opcua.Client, req ua.Request, token *ua.NodeID) (ua.Response, error) {
+func sendRaw(t testing.TB, c *opcua.Client, req ua.Request, token *ua.NodeID) (ua.Response, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -240,7 +294,7 @@ func statusReadRequest() *ua.ReadRequest {
 
 func TestAuthenticationTokenChecked(t *testing.T) {
 	endpoint, _ := startServer(t, Config{})
-	c := connect(t, endpoint, opcua.AuthAnonymous())
+	c := connect(t, endpoint, anonymous(t, endpoint))
 
 	// A token the server never issued.
 	_, err := sendRaw(t, c, statusReadRequest(), ua.NewByteStringNodeID(0, []byte("not-a-token")))
@@ -287,7 +341,7 @@ func TestAuthenticationTokenChecked(t *testing.T) {
 
 func TestGetEndpointsAdvertisesRequestedURL(t *testing.T) {
 	endpoint, _ := startServer(t, Config{})
-	c := connect(t, endpoint, opcua.AuthAnonymous())
+	c := connect(t, endpoint, anonymous(t, endpoint))
 	const viaProxy = "opc.tcp://toxiproxy:14840"
 	resp, err := sendRaw(t, c, &ua.GetEndpointsRequest{EndpointURL: viaProxy}, nil)
 	if err != nil {
@@ -297,12 +351,19 @@ func TestGetEndpointsAdvertisesRequestedURL(t *testing.T) {
 	if len(eps) != 1 || eps[0].EndpointURL != viaProxy || eps[0].SecurityMode != ua.MessageSecurityModeNone {
 		t.Fatalf("endpoints = %+v", eps)
 	}
-	var types []ua.UserTokenType
+	var got []string
 	for _, p := range eps[0].UserIdentityTokens {
-		types = append(types, p.TokenType)
+		got = append(got, fmt.Sprintf("%v %s %s", p.TokenType, p.PolicyID, p.SecurityPolicyURI))
 	}
-	if len(types) != 2 || types[0] != ua.UserTokenTypeAnonymous || types[1] != ua.UserTokenTypeUserName {
-		t.Errorf("token types = %v", types)
+	want := []string{
+		fmt.Sprintf("%v %s %s", ua.UserTokenTypeAnonymous, PolicyAnonymous, ua.SecurityPolicyURINone),
+		fmt.Sprintf("%v %s %s", ua.UserTokenTypeUserName, PolicyUserName, ua.SecurityPolicyURIBasic256Sha256),
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("token policies = %q, want %q", got, want)
+	}
+	if len(eps[0].ServerCertificate) == 0 {
+		t.Error("no server certificate advertised")
 	}
 }
 
@@ -310,8 +371,8 @@ func TestGetEndpointsAdvertisesRequestedURL(t *testing.T) {
 // they overlap, so both finish well before two sequential reads would.
 func TestConcurrentSlowReads(t *testing.T) {
 	endpoint, _ := startServer(t, Config{})
-	c1 := connect(t, endpoint, opcua.AuthUsername("user1", "password"))
-	c2 := connect(t, endpoint, opcua.AuthUsername("user2", "password1"))
+	c1 := connect(t, endpoint, asUser(t, endpoint, "user1", "password"))
+	c2 := connect(t, endpoint, asUser(t, endpoint, "user2", "password1"))
 	slow := ua.NewStringNodeID(1, "Slow.50")
 
 	single := time.Hour
@@ -343,7 +404,7 @@ func TestConcurrentSlowReads(t *testing.T) {
 func TestTimeoutHint(t *testing.T) {
 	endpoint, _ := startServer(t, Config{})
 	// gopcua puts its request timeout into TimeoutHint.
-	c := connect(t, endpoint, opcua.AuthAnonymous(), opcua.RequestTimeout(200*time.Millisecond))
+	c := connect(t, endpoint, anonymous(t, endpoint), opcua.RequestTimeout(200*time.Millisecond))
 	req := &ua.ReadRequest{NodesToRead: []*ua.ReadValueID{{
 		NodeID: ua.NewStringNodeID(1, "Slow.2000"), AttributeID: ua.AttributeIDValue,
 	}}}
@@ -367,7 +428,7 @@ func TestTimeoutHint(t *testing.T) {
 
 func TestSessionTimeout(t *testing.T) {
 	endpoint, srv := startServer(t, Config{})
-	c := connect(t, endpoint, opcua.AuthAnonymous(), opcua.SessionTimeout(200*time.Millisecond))
+	c := connect(t, endpoint, anonymous(t, endpoint), opcua.SessionTimeout(200*time.Millisecond))
 	readValues(t, c, ua.NewNumericNodeID(0, id.Server_ServerStatus_State))
 	deadline := time.Now().Add(3 * time.Second)
 	for srv.sessions.Counts().Current != 0 {
@@ -387,7 +448,7 @@ func TestSessionTimeout(t *testing.T) {
 
 func TestBusyNodeBurnsTime(t *testing.T) {
 	endpoint, _ := startServer(t, Config{})
-	c := connect(t, endpoint, opcua.AuthAnonymous())
+	c := connect(t, endpoint, anonymous(t, endpoint))
 	start := time.Now()
 	dv := readValues(t, c, ua.NewStringNodeID(1, "Busy.2000"))[0]
 	if dv.Status != ua.StatusOK || dv.Value.Value() != int64(2000) {

@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/subtle"
 	"errors"
 	"time"
 
@@ -19,12 +17,6 @@ const (
 	ProductURI     = "https://github.com/opcua-chaos/opcua-chaos"
 	ProductName    = "opcua-chaos reference server"
 	transportUABin = "http://opcfoundation.org/UA-Profile/Transport/uatcp-uasc-uabinary"
-)
-
-// Token policy ids advertised in the endpoints.
-const (
-	PolicyAnonymous = "anonymous"
-	PolicyUserName  = "username"
 )
 
 func respHeader(req ua.Request, code ua.StatusCode) *ua.ResponseHeader {
@@ -173,35 +165,18 @@ func (s *Server) application(url string) *ua.ApplicationDescription {
 }
 
 // endpoints advertises url (the URL the client used, so clients behind a
-// proxy keep using the proxy) with SecurityPolicy None.
+// proxy keep using the proxy) with SecurityPolicy None, the server
+// certificate and the token policies.
 func (s *Server) endpoints(url string) []*ua.EndpointDescription {
-	var tokens []*ua.UserTokenPolicy
-	if !s.cfg.NoAnonymous {
-		tokens = append(tokens, &ua.UserTokenPolicy{
-			PolicyID:          PolicyAnonymous,
-			TokenType:         ua.UserTokenTypeAnonymous,
-			SecurityPolicyURI: ua.SecurityPolicyURINone,
-		})
-	}
-	tokens = append(tokens, &ua.UserTokenPolicy{
-		PolicyID:          PolicyUserName,
-		TokenType:         ua.UserTokenTypeUserName,
-		SecurityPolicyURI: ua.SecurityPolicyURINone,
-	})
 	return []*ua.EndpointDescription{{
 		EndpointURL:         url,
 		Server:              s.application(url),
+		ServerCertificate:   s.creds.cert,
 		SecurityMode:        ua.MessageSecurityModeNone,
 		SecurityPolicyURI:   ua.SecurityPolicyURINone,
-		UserIdentityTokens:  tokens,
+		UserIdentityTokens:  s.tokenPolicies(),
 		TransportProfileURI: transportUABin,
 	}}
-}
-
-func nonce() []byte {
-	b := make([]byte, 32)
-	_, _ = rand.Read(b)
-	return b
 }
 
 func (s *Server) createSession(cn *conn, r *ua.CreateSessionRequest, now time.Time) ua.Response {
@@ -216,55 +191,39 @@ func (s *Server) createSession(cn *conn, r *ua.CreateSessionRequest, now time.Ti
 		SessionID:             sess.ID,
 		AuthenticationToken:   sess.Token,
 		RevisedSessionTimeout: float64(sess.Timeout / time.Millisecond),
-		ServerNonce:           nonce(),
+		ServerNonce:           sess.ServerNonce(),
+		ServerCertificate:     s.creds.cert,
 		ServerEndpoints:       s.endpoints(s.endpointURL(cn, r.EndpointURL)),
 		ServerSignature:       &ua.SignatureData{},
 	}
 }
 
+// activateSession checks the identity token against the session's last
+// server nonce and, if it passes, activates the session and sends the next
+// nonce. A rejected activation keeps the nonce.
 func (s *Server) activateSession(cn *conn, r *ua.ActivateSessionRequest, now time.Time) ua.Response {
 	sess := s.sessions.Lookup(r.RequestHeader.AuthenticationToken)
 	if sess == nil {
 		return s.fault(r, ua.StatusBadSessionIDInvalid)
 	}
 	sess.Touch(now)
-	user, code := s.authenticate(r.UserIdentityToken)
+	nonce := sess.ServerNonce()
+	user, code, why := s.authenticate(r.UserIdentityToken, nonce)
+	var next []byte
+	if code == ua.StatusOK {
+		var ok bool
+		if next, ok = sess.Activate(user, cn.id, nonce); !ok {
+			code, why = ua.StatusBadIdentityTokenInvalid, "server nonce replaced by a concurrent activation"
+		}
+	}
 	if code != ua.StatusOK {
 		s.stats.securityRejected.Add(1)
-		s.log.Info("activation rejected", "session", sess.ID.String(), "status", code)
+		s.log.Info("activation rejected", "session", sess.ID.String(), "status", code, "reason", why)
 		return s.fault(r, code)
 	}
-	sess.Activate(user, cn.id)
 	return &ua.ActivateSessionResponse{
 		ResponseHeader: respHeader(r, ua.StatusOK),
-		ServerNonce:    nonce(),
-	}
-}
-
-// authenticate checks an identity token; it returns the user name ("" for
-// anonymous).
-func (s *Server) authenticate(eo *ua.ExtensionObject) (string, ua.StatusCode) {
-	var tok any
-	if eo != nil {
-		tok = eo.Value
-	}
-	switch t := tok.(type) {
-	case nil, *ua.AnonymousIdentityToken:
-		if s.cfg.NoAnonymous {
-			return "", ua.StatusBadIdentityTokenRejected
-		}
-		return "", ua.StatusOK
-	case *ua.UserNameIdentityToken:
-		if t.EncryptionAlgorithm != "" {
-			return "", ua.StatusBadIdentityTokenInvalid
-		}
-		want, ok := s.cfg.Users[t.UserName]
-		if !ok || subtle.ConstantTimeCompare([]byte(want), t.Password) != 1 {
-			return "", ua.StatusBadUserAccessDenied
-		}
-		return t.UserName, ua.StatusOK
-	default:
-		return "", ua.StatusBadIdentityTokenInvalid
+		ServerNonce:    next,
 	}
 }
 

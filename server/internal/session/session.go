@@ -1,9 +1,11 @@
 // Package session keeps the reference server's sessions: creation with a
-// random authentication token, activation with a user identity, lookup by
-// token on every service call, close and timeout.
+// random authentication token and server nonce, activation with a user
+// identity (each issuing a new server nonce), lookup by token on every
+// service call, close and timeout.
 package session
 
 import (
+	"bytes"
 	"crypto/rand"
 	"sync"
 	"sync/atomic"
@@ -30,6 +32,7 @@ type Session struct {
 	activated bool
 	user      string // "" when anonymous
 	channelID uint32
+	nonce     []byte // the last server nonce sent to the client
 	closed    bool
 	onClose   []func()
 }
@@ -38,14 +41,42 @@ type Session struct {
 // activity.
 func (s *Session) Touch(now time.Time) { s.lastSeen.Store(now.UnixNano()) }
 
-// Activate marks the session active for user ("" for anonymous) on the
-// secure channel channelID.
-func (s *Session) Activate(user string, channelID uint32) {
+// NonceSize is the length of a server nonce (Part 4 asks for at least 32
+// bytes).
+const NonceSize = 32
+
+func newNonce() []byte {
+	b := make([]byte, NonceSize)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return b
+}
+
+// ServerNonce returns the last server nonce sent to the client: the one of
+// CreateSession, or of the last successful ActivateSession. A client proves
+// it knows it in the identity token's encrypted secret.
+func (s *Session) ServerNonce() []byte {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	return bytes.Clone(s.nonce)
+}
+
+// Activate marks the session active for user ("" for anonymous) on the
+// secure channel channelID, if nonce (the ServerNonce the caller checked
+// the identity against) is still the session's server nonce, and issues
+// and returns the next server nonce. It reports false, and changes
+// nothing, when another activation replaced the nonce in between.
+func (s *Session) Activate(user string, channelID uint32, nonce []byte) (next []byte, ok bool) {
+	next = newNonce()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !bytes.Equal(nonce, s.nonce) {
+		return nil, false
+	}
 	s.activated = true
 	s.user = user
 	s.channelID = channelID
-	s.mu.Unlock()
+	s.nonce = next
+	return bytes.Clone(next), true
 }
 
 // State returns whether the session is activated, its user name ("" when
@@ -141,7 +172,8 @@ func NewManager(lim Limits) *Manager {
 }
 
 // Create creates an unactivated session with the requested timeout (revised
-// into the limits). It returns nil when MaxSessions sessions exist.
+// into the limits) and its first server nonce. It returns nil when
+// MaxSessions sessions exist.
 func (m *Manager) Create(name string, requested time.Duration, now time.Time) *Session {
 	switch {
 	case requested <= 0:
@@ -154,7 +186,7 @@ func (m *Manager) Create(name string, requested time.Duration, now time.Time) *S
 	tok := make([]byte, 32)
 	_, _ = rand.Read(tok) // never fails (crypto/rand)
 	token := ua.NewByteStringNodeID(0, tok)
-	s := &Session{Token: token, Name: name, Timeout: requested, key: token.String()}
+	s := &Session{Token: token, Name: name, Timeout: requested, key: token.String(), nonce: newNonce()}
 	s.Touch(now)
 
 	m.mu.Lock()

@@ -29,9 +29,26 @@ func TestLifecycle(t *testing.T) {
 	if activated, _, _ := s.State(); activated {
 		t.Error("new session is activated")
 	}
-	s.Activate("user1", 7)
+	first := s.ServerNonce()
+	if len(first) != NonceSize {
+		t.Fatalf("server nonce of %d bytes", len(first))
+	}
+	next, ok := s.Activate("user1", 7, first)
+	if !ok || len(next) != NonceSize || string(next) == string(first) {
+		t.Fatalf("activate: ok %v, next nonce %x after %x", ok, next, first)
+	}
 	if activated, user, ch := s.State(); !activated || user != "user1" || ch != 7 {
 		t.Errorf("state after activate: %v %q %d", activated, user, ch)
+	}
+	if got := s.ServerNonce(); string(got) != string(next) {
+		t.Errorf("server nonce %x, want the one activation returned %x", got, next)
+	}
+	// An activation checked against a replaced nonce changes nothing.
+	if _, ok := s.Activate("user2", 8, first); ok {
+		t.Error("activation with a stale nonce succeeded")
+	}
+	if _, user, ch := s.State(); user != "user1" || ch != 7 || string(s.ServerNonce()) != string(next) {
+		t.Errorf("stale activation changed the session: %q %d", user, ch)
 	}
 
 	closed := make(chan struct{})
