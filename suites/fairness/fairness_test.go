@@ -206,12 +206,24 @@ func median(xs []float64) float64 {
 	return (s[n/2-1] + s[n/2]) / 2
 }
 
+// start requires caps and what cond needs of the target, then starts the
+// environment: a spec the target cannot run is skipped before anything
+// starts.
+func start(ctx context.Context, cond toxics.Condition, caps ...string) *env.Env {
+	GinkgoHelper()
+	h.Require(spec.Needs(cond, caps...)...)
+	e, err := h.Start(ctx)
+	Expect(err).NotTo(HaveOccurred(), "start environment")
+	return e
+}
+
 // weighted runs the 1:3 spec: heavy and light owners with the same sessions
 // and pipelines; the median heavy/light ratio of the valid windows must be
-// in 2.5–3.5.
-func weighted(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, tl timeline) {
+// in 2.5–3.5. It needs configured weights, service-time nodes (Busy.<µs>,
+// Slow.<ms>) and users.
+func weighted(ctx context.Context, cond toxics.Condition, sh shape, tl timeline) {
 	GinkgoHelper()
-	h.Require("weights", "service-time")
+	e := start(ctx, cond, "weights", "service-time", "users")
 	// The reference server weighs heavy:3,light:1 by default
 	// (OPCUA_OWNER_WEIGHTS); both owners get the same sessions.
 	heavy, light := mustUser(2), mustUser(3)
@@ -238,22 +250,15 @@ func weighted(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 
 var _ = Describe("Fairness", spec.Property("fairness"), func() {
 	It("serves owners weighted 1:3 through a seeded nemesis schedule, worker-bound (median of 28 windows)", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
-		e, err := h.Start(ctx)
-		Expect(err).NotTo(HaveOccurred(), "start environment")
-		weighted(ctx, e, toxics.Scheduled, workerBound, soakRun)
+		weighted(ctx, toxics.Scheduled, workerBound, soakRun)
 	}, SpecTimeout(3*time.Minute))
 
 	for _, cond := range toxics.CI() {
 		Context("under "+cond.Name, spec.Condition(cond.Name), func() {
-			var e *env.Env
-			BeforeEach(func(ctx SpecContext) {
-				var err error
-				e, err = h.Start(ctx)
-				Expect(err).NotTo(HaveOccurred(), "start environment")
-			}, NodeTimeout(2*time.Minute))
-
+			// Each spec starts its own environment (start) once it knows
+			// the target can run it: the spec timeout includes the start.
 			It("keeps a flooding owner from starving another of equal weight", func(ctx SpecContext) {
-				h.Require("service-time")
+				e := start(ctx, cond, "service-time", "users")
 				flood, victim := mustUser(0), mustUser(1)
 				rec, figs := runShare(ctx, e, cond, cpuBound, ciRun, []owner{
 					{flood.Name, flood.Password, 8},
@@ -274,12 +279,12 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 				}
 				// min/max of two equal owners ≥ 0.8 is the 0.8–1.25 band.
 				Expect(r.Figures["median_ratio"]).To(BeNumerically(">=", 0.8), v.Why())
-			}, SpecTimeout(90*time.Second))
+			}, SpecTimeout(2*time.Minute))
 
 			for _, sh := range []shape{cpuBound, workerBound} {
 				It("serves owners weighted 1:3 in proportion, "+sh.name+" (median of windows 2.5–3.5)", Label("service:"+sh.name), func(ctx SpecContext) {
-					weighted(ctx, e, cond, sh, ciRun)
-				}, SpecTimeout(90*time.Second))
+					weighted(ctx, cond, sh, ciRun)
+				}, SpecTimeout(2*time.Minute))
 			}
 		})
 	}
