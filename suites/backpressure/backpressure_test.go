@@ -149,6 +149,9 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		Context("under "+cond.Name, spec.Condition(cond.Name), func() {
 			var e *env.Env
 			BeforeEach(func(ctx SpecContext) {
+				// Both specs read ServerStatus only: the condition is all
+				// they need of the target.
+				h.Require(spec.Needs(cond)...)
 				var err error
 				e, err = h.Start(ctx)
 				Expect(err).NotTo(HaveOccurred(), "start environment")

@@ -327,9 +327,12 @@ func sessionCount(ctx context.Context, c *opcua.Client) (uint32, error) {
 // in the queue. Every request is answered exactly once, no capacity leaks
 // (no rejection, throughput after ≥ minRatio × before) and, without
 // nemesis, the storm's goodput holds too. stream separates the random
-// draws of the specs that share the suite seed.
+// draws of the specs that share the suite seed. It needs slow reads
+// (Slow.<ms>) and Cancel of the target; storm sessions get owners of their
+// own where the target has users, and share the anonymous owner where not.
 func cancelStorm(ctx context.Context, cond toxics.Condition, stream uint64, stormFor time.Duration, nemesis bool) {
 	GinkgoHelper()
+	h.Require(spec.Needs(cond, "service-time", "cancel")...)
 	var opts []env.Option
 	if isReference() {
 		opts = append(opts, env.WithServerEnv(referenceStorm))
@@ -440,6 +443,8 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 			}, SpecTimeout(2*time.Minute))
 
 			It("keeps serving other sessions through CloseSession, timeouts and resets mid-flight", func(ctx SpecContext) {
+				// victims and survivors keep slow reads (Slow.<ms>) in flight
+				h.Require(spec.Needs(cond, "service-time")...)
 				e, err := h.Start(ctx)
 				Expect(err).NotTo(HaveOccurred(), "start environment")
 				rec := h.NewRecorder(map[string]string{"condition": cond.Name})

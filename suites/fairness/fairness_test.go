@@ -13,6 +13,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/report"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
@@ -208,14 +209,26 @@ func median(xs []float64) float64 {
 	return (s[n/2-1] + s[n/2]) / 2
 }
 
+// start requires caps and what cond needs of the target, then starts the
+// environment: a spec the target cannot run is skipped before anything
+// starts.
+func start(ctx context.Context, cond toxics.Condition, caps ...string) *env.Env {
+	GinkgoHelper()
+	h.Require(spec.Needs(cond, caps...)...)
+	e, err := h.Start(ctx)
+	Expect(err).NotTo(HaveOccurred(), "start environment")
+	return e
+}
+
 // weighted runs the weighted spec: the heaviest and the lightest of the
 // target's weighted owners (the reference server's heavy:3,light:1, or
 // OPCUA_CHAOS_WEIGHTS) with the same sessions and pipelines; the median
 // heavy/light ratio of the valid windows must be within 1/6 of the weight
-// ratio (2.5–3.5 for 1:3).
-func weighted(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, tl timeline) {
+// ratio (2.5–3.5 for 1:3). It needs configured weights, service-time
+// nodes (Busy.<µs>, Slow.<ms>) and users.
+func weighted(ctx context.Context, cond toxics.Condition, sh shape, tl timeline) {
 	GinkgoHelper()
-	h.Require("weights", "service-time")
+	e := start(ctx, cond, "weights", "service-time", "users")
 	heavy, light, want, _ := h.Setup.Target.Weighted()
 	lo, hi := want*5/6, want*7/6
 	rec, figs := runShare(ctx, e, cond, sh, tl, []owner{
@@ -241,25 +254,18 @@ func weighted(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 
 var _ = Describe("Fairness", spec.Property("fairness"), func() {
 	It("serves owners weighted 1:3 through a seeded nemesis schedule, worker-bound (median of 28 windows)", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
-		e, err := h.Start(ctx)
-		Expect(err).NotTo(HaveOccurred(), "start environment")
-		weighted(ctx, e, toxics.Scheduled, workerBound, soakRun)
+		weighted(ctx, toxics.Scheduled, workerBound, soakRun)
 	}, SpecTimeout(3*time.Minute))
 
 	for _, cond := range toxics.CI() {
 		Context("under "+cond.Name, spec.Condition(cond.Name), func() {
-			var e *env.Env
-			BeforeEach(func(ctx SpecContext) {
-				var err error
-				e, err = h.Start(ctx)
-				Expect(err).NotTo(HaveOccurred(), "start environment")
-			}, NodeTimeout(2*time.Minute))
-
+			// Each spec starts its own environment (start) once it knows
+			// the target can run it: the spec timeout includes the start.
 			It("keeps a flooding owner from starving another of equal weight", func(ctx SpecContext) {
-				h.Require("service-time", "users")
+				e := start(ctx, cond, "service-time", "users")
 				flood, victim, ok := h.Setup.Target.EqualPair()
 				if !ok {
-					Skip(fmt.Sprintf("target %s has no two users of equal weight (weights %s)", h.Setup.Target.Name, target.WeightsEnv(h.Setup.Target.Weights)))
+					spec.SkipAs(report.SkipCapability, fmt.Sprintf("target %s has no two users of equal weight (weights %s)", h.Setup.Target.Name, target.WeightsEnv(h.Setup.Target.Weights)))
 				}
 				rec, figs := runShare(ctx, e, cond, cpuBound, ciRun, []owner{
 					{flood.Name, flood.Password, 8},
@@ -280,12 +286,12 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 				}
 				// min/max of two equal owners ≥ 0.8 is the 0.8–1.25 band.
 				Expect(r.Figures["median_ratio"]).To(BeNumerically(">=", 0.8), v.Why())
-			}, SpecTimeout(90*time.Second))
+			}, SpecTimeout(2*time.Minute))
 
 			for _, sh := range []shape{cpuBound, workerBound} {
 				It("serves owners weighted 1:3 in proportion, "+sh.name+" (median of windows 2.5–3.5)", Label("service:"+sh.name), func(ctx SpecContext) {
-					weighted(ctx, e, cond, sh, ciRun)
-				}, SpecTimeout(90*time.Second))
+					weighted(ctx, cond, sh, ciRun)
+				}, SpecTimeout(2*time.Minute))
 			}
 		})
 	}

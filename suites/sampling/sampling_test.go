@@ -79,6 +79,8 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 		Context("under "+cond.Name, spec.Condition(cond.Name), func() {
 			var e *env.Env
 			BeforeEach(func(ctx SpecContext) {
+				// Both specs subscribe to the target's sampled counters.
+				h.Require(spec.Needs(cond, "sampling")...)
 				var err error
 				e, err = h.Start(ctx)
 				Expect(err).NotTo(HaveOccurred(), "start environment")
@@ -86,7 +88,6 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 
 			for _, items := range []int{1, 1024} {
 				It(fmt.Sprintf("delivers ≥ 99 %% of the samples of each of %d item(s) at 10 ms", items), func(ctx SpecContext) {
-					h.Require("sampling")
 					pattern := h.Setup.Target.SampleNode
 					rec := h.NewRecorder(map[string]string{"condition": cond.Name, "items": fmt.Sprint(items)})
 					_, err := spec.Apply(ctx, e, rec, cond)

@@ -24,10 +24,13 @@ const property = "wakeups"
 // profile are longer, so a request stranded until the next burst shows.
 const maxStall = 500 * time.Millisecond
 
-// start starts the environment with the reference server's worker pool
-// set to workers (ignored by other targets) and applies cond.
-func start(ctx context.Context, cond toxics.Condition, workers int) (*env.Env, *history.Recorder) {
+// start requires caps and what cond needs of the target (a spec the target
+// cannot run is skipped before anything starts), starts the environment
+// with the reference server's worker pool set to workers (ignored by other
+// targets) and applies cond.
+func start(ctx context.Context, cond toxics.Condition, workers int, caps ...string) (*env.Env, *history.Recorder) {
 	GinkgoHelper()
+	h.Require(spec.Needs(cond, caps...)...)
 	var opts []env.Option
 	if workers > 0 {
 		opts = append(opts, env.WithServerEnv(map[string]string{"OPCUA_WORKERS": fmt.Sprint(workers)}))
@@ -141,8 +144,7 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 			}
 
 			It("keeps serving fast requests while other sessions' slow requests run", func(ctx SpecContext) {
-				h.Require("service-time")
-				e, rec := start(ctx, cond, 0)
+				e, rec := start(ctx, cond, 0, "service-time")
 				// 4 sessions keep one 1 s request each in flight; a
 				// server that serves requests one at a time (head-of-line
 				// blocking) leaves the fast session waiting a second.
