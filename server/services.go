@@ -53,11 +53,20 @@ func (s *Server) handle(cn *conn, ch *channel.Channel, msg channel.Message) {
 	now := time.Now()
 	req := msg.Request
 	if msg.Err != nil || req == nil {
-		s.log.Debug("undecodable request", "channel", cn.id, "err", msg.Err)
+		// Unknown services keep their status; anything else that did not
+		// decode is BadDecodingError. The channel stays open.
+		code := ua.StatusBadDecodingError
+		if errors.Is(msg.Err, ua.StatusBadServiceUnsupported) {
+			code = ua.StatusBadServiceUnsupported
+		} else {
+			s.stats.decodingErrors.Add(1)
+		}
+		s.log.Debug("undecodable request", "channel", cn.id, "request_id", msg.RequestID, "status", code, "err", msg.Err)
 		s.stats.rejectedRequests.Add(1)
 		ch.Respond(msg.RequestID, &ua.ServiceFault{ResponseHeader: &ua.ResponseHeader{
 			Timestamp:          now,
-			ServiceResult:      ua.StatusBadDecodingError,
+			RequestHandle:      msg.Handle,
+			ServiceResult:      code,
 			ServiceDiagnostics: &ua.DiagnosticInfo{},
 			AdditionalHeader:   ua.NewExtensionObject(nil),
 		}})
