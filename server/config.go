@@ -36,6 +36,12 @@ const (
 	// DefaultMaxChunkCount its chunks (gopcua's values).
 	DefaultMaxMessageSize = 2 << 20
 	DefaultMaxChunkCount  = 512
+	// DefaultLoginDelay is the delay after the first failed login beyond
+	// DefaultLoginFreeFailures; it doubles with each further failure up to
+	// DefaultLoginDelayMax.
+	DefaultLoginDelay        = 100 * time.Millisecond
+	DefaultLoginDelayMax     = 5 * time.Second
+	DefaultLoginFreeFailures = 3
 	// DefaultShutdownTimeout bounds the wait for in-flight work when the
 	// server stops (below Docker's 10 s between SIGTERM and SIGKILL).
 	DefaultShutdownTimeout = 5 * time.Second
@@ -222,6 +228,14 @@ type Config struct {
 	// MaxDecodeDepth bounds the nesting of values in a request
 	// (uabin.DefaultMaxDepth, 100).
 	MaxDecodeDepth int
+	// LoginDelay, LoginDelayMax and LoginFreeFailures slow down failed
+	// logins per peer IP and user name: after LoginFreeFailures failed ActivateSession
+	// calls, the next one is checked and answered LoginDelay later, each
+	// further one twice as late, up to LoginDelayMax; a success resets
+	// (DefaultLoginDelay, DefaultLoginDelayMax, DefaultLoginFreeFailures).
+	// The wait is a timer: no worker or channel reader sleeps.
+	LoginDelay, LoginDelayMax time.Duration
+	LoginFreeFailures         int
 	// ShutdownTimeout bounds how long Serve waits for in-flight work once
 	// its context is done (DefaultShutdownTimeout).
 	ShutdownTimeout time.Duration
@@ -254,6 +268,9 @@ type Config struct {
 //	OPCUA_MAX_BUFFERED_CHUNKS         chunks of unfinished requests per channel (512)
 //	OPCUA_MAX_BUFFERED_BYTES          their bytes (2097152)
 //	OPCUA_MAX_DECODE_DEPTH            nesting of values in a request (100)
+//	OPCUA_LOGIN_DELAY                 first delay of a failed login (100ms)
+//	OPCUA_LOGIN_DELAY_MAX             its cap (5s)
+//	OPCUA_LOGIN_FREE_FAILURES         failed logins per peer IP and user before delays (3)
 //	OPCUA_SHUTDOWN_TIMEOUT            wait for in-flight work on stop (5s)
 //
 // Durations are Go durations ("10s", "250ms").
@@ -326,6 +343,7 @@ func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 		{"OPCUA_MAX_BUFFERED_CHUNKS", &cfg.MaxBufferedChunks},
 		{"OPCUA_MAX_BUFFERED_BYTES", &cfg.MaxBufferedBytes},
 		{"OPCUA_MAX_DECODE_DEPTH", &cfg.MaxDecodeDepth},
+		{"OPCUA_LOGIN_FREE_FAILURES", &cfg.LoginFreeFailures},
 	} {
 		if *v.dst, err = positive(getenv(v.env), v.env); err != nil {
 			return cfg, err
@@ -337,6 +355,8 @@ func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 	}{
 		{"OPCUA_HANDSHAKE_TIMEOUT", &cfg.HandshakeTimeout},
 		{"OPCUA_UNACTIVATED_TIMEOUT", &cfg.UnactivatedTimeout},
+		{"OPCUA_LOGIN_DELAY", &cfg.LoginDelay},
+		{"OPCUA_LOGIN_DELAY_MAX", &cfg.LoginDelayMax},
 		{"OPCUA_SHUTDOWN_TIMEOUT", &cfg.ShutdownTimeout},
 	} {
 		if *v.dst, err = duration(getenv(v.env), v.env); err != nil {

@@ -14,7 +14,9 @@
 // a proxy keep using the proxy; token policies "anonymous" and "username",
 // both with policy None), FindServers, CreateSession, ActivateSession
 // (anonymous, or user name and password checked against Config.Users; a bad
-// password gives BadUserAccessDenied), CloseSession, Cancel, Read and the
+// password gives BadUserAccessDenied; an activated session moves to another
+// channel only with the same identity, else BadIdentityChangeNotSupported),
+// CloseSession, Cancel, Read and the
 // subscription services (see Subscriptions). Every
 // session service checks the authentication token (BadSessionIdInvalid,
 // BadSessionNotActivated, BadSecureChannelIdInvalid when used from another
@@ -58,6 +60,7 @@
 //	ns=1;s=Counter.ConnectionsRefused connections refused (MaxConnections)
 //	ns=1;s=Counter.Panics             panics recovered
 //	ns=1;s=Counter.DecodingErrors     requests answered BadDecodingError
+//	ns=1;s=Counter.LoginsDelayed      ActivateSession calls delayed by the login throttle
 //	ns=1;s=Counter.SessionsUnactivated sessions created, not yet activated
 //	ns=1;s=Queue.Depth                requests queued now
 //	ns=1;s=Queue.Slots                queue slots held (Depth + leaked slots)
@@ -138,7 +141,9 @@
 // BadTcpMessageTooLarge), MaxUnactivatedSessions and UnactivatedTimeout.
 // Responses are split into chunks within the client's receive buffer; one
 // above its MaxMessageSize or MaxChunkCount is answered BadResponseTooLarge.
-// Transient accept errors (EMFILE) are backed off; Serve returns
+// Failed logins are delayed per peer IP and user name (LoginDelay doubling
+// to LoginDelayMax after LoginFreeFailures) on a timer, never on a reader or
+// worker. Transient accept errors (EMFILE) are backed off; Serve returns
 // within ShutdownTimeout of its context ending (ErrShutdownTimeout if work
 // was still running). The faults crash-on-decode and unbounded-idle bring
 // the old behaviour back.

@@ -68,8 +68,8 @@ type fuzzTarget struct {
 }
 
 func newFuzzTarget(t testing.TB) *fuzzTarget {
-	// Backpressure would only slow the fuzzer down.
-	ts := runServer(t, Config{HighMark: 10_000, LowMark: 5000, Counters: 16})
+	// Login delays and backpressure would only slow the fuzzer down.
+	ts := runServer(t, Config{LoginDelay: time.Millisecond, LoginDelayMax: time.Millisecond, HighMark: 10_000, LowMark: 5000, Counters: 16})
 	return &fuzzTarget{ts: ts}
 }
 

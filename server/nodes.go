@@ -37,6 +37,7 @@ const (
 	NodeRefused           = "Counter.ConnectionsRefused"  // connections refused (MaxConnections)
 	NodePanics            = "Counter.Panics"              // panics recovered (the process lived on)
 	NodeDecodingErrors    = "Counter.DecodingErrors"      // requests answered BadDecodingError
+	NodeLoginsDelayed     = "Counter.LoginsDelayed"       // ActivateSession calls held back after failed logins
 	NodeUnactivated       = "Counter.SessionsUnactivated" // sessions created, not yet activated
 
 	NodeQueueDepth          = "Queue.Depth"          // requests queued now
@@ -337,6 +338,8 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 		return s.stats.panics.Load(), true, nil
 	case NodeDecodingErrors:
 		return s.stats.decodingErrors.Load(), true, nil
+	case NodeLoginsDelayed:
+		return s.stats.loginsDelayed.Load(), true, nil
 	case NodeUnactivated:
 		return int64(c.Unactivated), true, nil
 	}

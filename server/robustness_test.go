@@ -418,6 +418,130 @@ func userToken(name, password string) *ua.UserNameIdentityToken {
 	return &ua.UserNameIdentityToken{PolicyID: PolicyUserName, UserName: name, Password: []byte(password)}
 }
 
+// TestIssue14SessionTakeover (defect 4): an activated session moves to
+// another secure channel only with the same identity. An anonymous or
+// other-user ActivateSession from a second channel gets
+// BadIdentityChangeNotSupported and the owner keeps its session; the same
+// user with the right password may move it (Part 4, 5.6.3).
+func TestIssue14SessionTakeover(t *testing.T) {
+	ts := runServer(t, Config{})
+	owner := connect(t, ts.endpoint, opcua.AuthAnonymous())
+	intruder := connect(t, ts.endpoint, opcua.AuthAnonymous())
+	token := rawCreateSession(t, owner)
+	if err := activate(t, owner, token, userToken("user1", "password")); err != nil {
+		t.Fatalf("owner's activation: %v", err)
+	}
+	readOK := func(c *opcua.Client) error {
+		_, err := sendRaw(t, c, statusReadRequest(), token)
+		return err
+	}
+	for name, identity := range map[string]any{
+		"anonymous":      &ua.AnonymousIdentityToken{PolicyID: PolicyAnonymous},
+		"other user":     userToken("user2", "password1"),
+		"wrong password": userToken("user1", "guess"),
+	} {
+		err := activate(t, intruder, token, identity)
+		want := ua.StatusBadIdentityChangeNotSupported
+		if name == "wrong password" {
+			want = ua.StatusBadUserAccessDenied
+		}
+		if !errors.Is(err, want) {
+			t.Errorf("%s takeover: err = %v, want %v", name, err, want)
+		}
+		if err := readOK(owner); err != nil {
+			t.Fatalf("after the %s takeover attempt the owner's Read fails: %v", name, err)
+		}
+		if err := readOK(intruder); !errors.Is(err, ua.StatusBadSecureChannelIDInvalid) {
+			t.Errorf("after the %s takeover attempt the intruder's Read: %v, want BadSecureChannelIdInvalid", name, err)
+		}
+	}
+	// The same user may move the session to a new channel.
+	if err := activate(t, intruder, token, userToken("user1", "password")); err != nil {
+		t.Fatalf("transfer with the same identity: %v", err)
+	}
+	if err := readOK(intruder); err != nil {
+		t.Errorf("Read on the new channel: %v", err)
+	}
+	if err := readOK(owner); !errors.Is(err, ua.StatusBadSecureChannelIDInvalid) {
+		t.Errorf("Read on the old channel: %v, want BadSecureChannelIdInvalid", err)
+	}
+	// An anonymous session is not taken over by a user either.
+	anon := rawCreateSession(t, owner)
+	if err := activate(t, owner, anon, &ua.AnonymousIdentityToken{PolicyID: PolicyAnonymous}); err != nil {
+		t.Fatal(err)
+	}
+	if err := activate(t, intruder, anon, userToken("user2", "password1")); !errors.Is(err, ua.StatusBadIdentityChangeNotSupported) {
+		t.Errorf("user takes over an anonymous session: %v", err)
+	}
+}
+
+// TestIssue14FailedLoginsDelayed (defect 4): after LoginFreeFailures
+// failed logins from one peer, each further attempt waits (doubling up to
+// the cap); pipelined guesses are spaced too; other requests, of this
+// client and others, are not held up; a success resets.
+func TestIssue14FailedLoginsDelayed(t *testing.T) {
+	const base, maxDelay = 40 * time.Millisecond, 160 * time.Millisecond
+	ts := runServer(t, Config{LoginDelay: base, LoginDelayMax: maxDelay, LoginFreeFailures: 3})
+	c := connect(t, ts.endpoint, opcua.AuthAnonymous())
+	token := rawCreateSession(t, c)
+
+	// Sequential guesses: free, free, free, then 40, 80, 160, 160 ms.
+	var took []time.Duration
+	for range 7 {
+		start := time.Now()
+		if err := activate(t, c, token, userToken("user1", "guess")); !errors.Is(err, ua.StatusBadUserAccessDenied) {
+			t.Fatalf("guess: %v", err)
+		}
+		took = append(took, time.Since(start))
+	}
+	t.Logf("sequential failed logins answered after %v", took)
+	for i, want := range []time.Duration{0, 0, 0, base, 2 * base, maxDelay, maxDelay} {
+		if took[i] < want*8/10 {
+			t.Errorf("attempt %d answered after %v, want ≥ %v", i+1, took[i], want)
+		}
+	}
+	// Other requests are not held up meanwhile: 20 pipelined guesses, and
+	// a Read on the same channel answers at once.
+	var wg sync.WaitGroup
+	start := time.Now()
+	var last time.Duration
+	var mu sync.Mutex
+	for range 20 {
+		wg.Go(func() {
+			_ = activate(t, c, token, userToken("user1", "guess"))
+			mu.Lock()
+			last = max(last, time.Since(start))
+			mu.Unlock()
+		})
+	}
+	time.Sleep(20 * time.Millisecond)
+	readStart := time.Now()
+	if _, err := sendRaw(t, c, &ua.GetEndpointsRequest{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	other := connect(t, ts.endpoint, opcua.AuthAnonymous()) // another client logs in meanwhile
+	readValues(t, other, ua.NewNumericNodeID(0, id.Server_ServerStatus_State))
+	if d := time.Since(readStart); d > time.Second {
+		t.Errorf("other requests took %v while guesses were held back", d)
+	}
+	wg.Wait()
+	t.Logf("20 pipelined guesses: the last answered after %v", last)
+	if last < 15*maxDelay {
+		t.Errorf("20 pipelined guesses answered within %v, want them spaced (≥ %v)", last, 15*maxDelay)
+	}
+	// The right password still works, and resets the peer.
+	if err := activate(t, c, token, userToken("user1", "password")); err != nil {
+		t.Fatalf("right password: %v", err)
+	}
+	start = time.Now()
+	if err := activate(t, c, rawCreateSession(t, c), userToken("user1", "guess")); !errors.Is(err, ua.StatusBadUserAccessDenied) || time.Since(start) > base {
+		t.Errorf("after a success a failure is free again: %v after %v", err, time.Since(start))
+	}
+	if n := ts.stats.loginsDelayed.Load(); n < 24 {
+		t.Errorf("%s = %d, want ≥ 24", NodeLoginsDelayed, n)
+	}
+}
+
 // TestIssue14LargeResponseChunked (defect 5): a Read of 10 000 values
 // (about 1.5 MB) reaches a gopcua client in chunks within its 65 535-byte
 // buffer; a raw client with an 8192-byte buffer gets chunks of at most
@@ -663,6 +787,9 @@ func TestLoadConfigLimits(t *testing.T) {
 		"OPCUA_MAX_BUFFERED_CHUNKS":      "11",
 		"OPCUA_MAX_BUFFERED_BYTES":       "12345",
 		"OPCUA_MAX_DECODE_DEPTH":         "20",
+		"OPCUA_LOGIN_DELAY":              "50ms",
+		"OPCUA_LOGIN_DELAY_MAX":          "1s",
+		"OPCUA_LOGIN_FREE_FAILURES":      "2",
 		"OPCUA_SHUTDOWN_TIMEOUT":         "4s",
 		"OPCUA_FAULTS":                   "crash-on-decode,unbounded-idle",
 	}
@@ -672,7 +799,8 @@ func TestLoadConfigLimits(t *testing.T) {
 	}
 	want := Config{MaxConnections: 5, HandshakeTimeout: 2 * time.Second, MaxSessions: 50, MaxUnactivatedSessions: 7,
 		UnactivatedTimeout: 3 * time.Second, MaxMessageSize: 100000, MaxChunkCount: 9, MaxBufferedChunks: 11,
-		MaxBufferedBytes: 12345, MaxDecodeDepth: 20, ShutdownTimeout: 4 * time.Second}
+		MaxBufferedBytes: 12345, MaxDecodeDepth: 20, LoginDelay: 50 * time.Millisecond, LoginDelayMax: time.Second,
+		LoginFreeFailures: 2, ShutdownTimeout: 4 * time.Second}
 	got := cfg
 	got.Listen, got.Users, got.OwnerWeights, got.Faults = "", nil, nil, nil
 	if !reflect.DeepEqual(got, want) {
@@ -683,7 +811,7 @@ func TestLoadConfigLimits(t *testing.T) {
 	}
 	for k, v := range map[string]string{
 		"OPCUA_HANDSHAKE_TIMEOUT":   "-1s",
-		"OPCUA_SHUTDOWN_TIMEOUT":    "soon",
+		"OPCUA_LOGIN_DELAY":         "soon",
 		"OPCUA_MAX_CONNECTIONS":     "0",
 		"OPCUA_MAX_BUFFERED_CHUNKS": "many",
 	} {

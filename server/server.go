@@ -52,6 +52,7 @@ type Server struct {
 	subs        *subscription.Manager  // subscriptions of all sessions
 	counters    *subscription.Counters // SampledCounter / FastCounter nodes
 	decoder     *uabin.Decoder         // guards request decoding
+	logins      *loginThrottle         // delays failed logins per peer IP
 	openConns   atomic.Int64           // TCP connections being served
 
 	// testHook, if set, runs before a worker executes a request (tests
@@ -82,6 +83,7 @@ type stats struct {
 	refusedConns      atomic.Int64 // connections refused (MaxConnections)
 	panics            atomic.Int64 // panics recovered (handlers, workers, connections)
 	decodingErrors    atomic.Int64 // requests answered BadDecodingError
+	loginsDelayed     atomic.Int64 // ActivateSession calls held back by the login throttle
 }
 
 // New validates cfg, fills in defaults and returns a server.
@@ -144,9 +146,15 @@ func New(cfg Config) (*Server, error) {
 	fill(&cfg.MaxBufferedChunks, cfg.MaxChunkCount)
 	fill(&cfg.MaxBufferedBytes, cfg.MaxMessageSize)
 	fill(&cfg.MaxDecodeDepth, uabin.DefaultMaxDepth)
+	fill(&cfg.LoginFreeFailures, DefaultLoginFreeFailures)
 	fillDur(&cfg.HandshakeTimeout, DefaultHandshakeTimeout)
 	fillDur(&cfg.UnactivatedTimeout, DefaultUnactivatedTimeout)
+	fillDur(&cfg.LoginDelay, DefaultLoginDelay)
+	fillDur(&cfg.LoginDelayMax, max(DefaultLoginDelayMax, cfg.LoginDelay))
 	fillDur(&cfg.ShutdownTimeout, DefaultShutdownTimeout)
+	if cfg.LoginDelayMax < cfg.LoginDelay {
+		return nil, fmt.Errorf("server: login delay cap %v below the login delay %v", cfg.LoginDelayMax, cfg.LoginDelay)
+	}
 	s := &Server{
 		cfg: cfg,
 		log: cfg.Logger,
@@ -161,6 +169,7 @@ func New(cfg Config) (*Server, error) {
 		chans:   chanStats{live: map[*channel.Channel]struct{}{}},
 		conns:   map[*conn]struct{}{},
 		decoder: uabin.NewDecoder(uabin.Limits{MaxDepth: cfg.MaxDecodeDepth}),
+		logins:  newLoginThrottle(cfg.LoginFreeFailures, cfg.LoginDelay, cfg.LoginDelayMax),
 	}
 	s.newSubscriptions()
 	var seed [8]byte
@@ -210,7 +219,9 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		"anonymous", !s.cfg.NoAnonymous,
 		"max_connections", s.cfg.MaxConnections,
 		"handshake_timeout", s.cfg.HandshakeTimeout,
-		"max_message_size", s.cfg.MaxMessageSize)
+		"max_message_size", s.cfg.MaxMessageSize,
+		"login_delay", s.cfg.LoginDelay,
+		"login_delay_max", s.cfg.LoginDelayMax)
 	s.log.Info(ReadyMessage, "listen", l.Addr().String())
 
 	var workers sync.WaitGroup

@@ -92,7 +92,8 @@ func (s *Server) handle(cn *conn, ch *channel.Channel, msg channel.Message) {
 	case *ua.CreateSessionRequest:
 		resp = s.createSession(cn, r, now)
 	case *ua.ActivateSessionRequest:
-		resp = s.activateSession(cn, r, now)
+		s.throttledActivate(cn, ch, msg.RequestID, r, now)
+		return
 	case *ua.CloseSessionRequest:
 		resp = s.closeSession(cn, r, now)
 	case *ua.CancelRequest:
@@ -238,6 +239,9 @@ func (s *Server) activateSession(cn *conn, r *ua.ActivateSessionRequest, now tim
 	}
 	sess.Touch(now)
 	user, code := s.authenticate(r.UserIdentityToken)
+	if code == ua.StatusOK {
+		code = s.identityChange(cn, sess, user)
+	}
 	if code != ua.StatusOK {
 		s.stats.securityRejected.Add(1)
 		s.log.Info("activation rejected", "session", sess.ID.String(), "status", code)
