@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"runtime"
 	"runtime/debug"
@@ -152,6 +153,9 @@ func New(cfg Config) (*Server, error) {
 	fillDur(&cfg.LoginDelay, DefaultLoginDelay)
 	fillDur(&cfg.LoginDelayMax, max(DefaultLoginDelayMax, cfg.LoginDelay))
 	fillDur(&cfg.ShutdownTimeout, DefaultShutdownTimeout)
+	if cfg.MaxMessageSize > math.MaxInt32 || cfg.MaxChunkCount > math.MaxInt32 || cfg.MaxBufferedBytes > math.MaxInt32 {
+		return nil, fmt.Errorf("server: message size, chunk count and buffered bytes must be below 2^31")
+	}
 	if cfg.LoginDelayMax < cfg.LoginDelay {
 		return nil, fmt.Errorf("server: login delay cap %v below the login delay %v", cfg.LoginDelayMax, cfg.LoginDelay)
 	}
@@ -420,24 +424,26 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 	s.connsMu.Lock()
 	s.conns[cn] = struct{}{}
 	s.connsMu.Unlock()
+	// Deferred, so that it also runs when a panic unwinds the reader.
 	defer func() {
 		s.connsMu.Lock()
 		delete(s.conns, cn)
 		s.connsMu.Unlock()
+		cancel()
+		// A lost connection cancels its queued requests: their slots
+		// return now.
+		n := s.cancelQueued(cn, func(*job) bool { return true }, ua.StatusBadSecureChannelClosed)
+		s.chans.remove(ch)
+		level := slog.LevelDebug
+		var pe *channel.ProtocolError
+		if errors.As(err, &pe) {
+			level = slog.LevelInfo // a misbehaving peer is worth a line
+		}
+		s.log.Log(context.Background(), level, "channel closed", "channel", id, "remote", remote, "err", err, "cancelled", n)
 	}()
 	err = ch.Run(ctx, func(ch *channel.Channel, msg channel.Message) {
 		s.handle(cn, ch, msg)
 	})
-	cancel()
-	// A lost connection cancels its queued requests: their slots return now.
-	n := s.cancelQueued(cn, func(*job) bool { return true }, ua.StatusBadSecureChannelClosed)
-	s.chans.remove(ch)
-	level := slog.LevelDebug
-	var pe *channel.ProtocolError
-	if errors.As(err, &pe) {
-		level = slog.LevelInfo // a misbehaving peer is worth a line
-	}
-	s.log.Log(ctx, level, "channel closed", "channel", id, "remote", remote, "err", err, "cancelled", n)
 }
 
 // chanStats aggregates the backpressure counters of all channels.

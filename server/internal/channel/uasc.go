@@ -444,6 +444,7 @@ func (t *SecureTransport) openSecureChannel(chunk byte, body []byte) error {
 	if err := t.write(frame("OPN", 'F', b)); err != nil {
 		return err
 	}
+	t.log.Debug("security token issued", "type", req.RequestType, "token", t.token, "lifetime_ms", lifetime)
 	if !t.open {
 		t.open = true
 		// The handshake is over: the connection may idle now.
@@ -517,7 +518,8 @@ func (t *SecureTransport) checkToken(token uint32) error {
 	defer t.sendMu.Unlock()
 	switch {
 	case token == t.token:
-		t.sendTok = token
+		// Once the client uses the new token, the old one is retired.
+		t.sendTok, t.oldToken = token, 0
 		return nil
 	case token == t.oldToken && t.oldToken != 0:
 		return nil

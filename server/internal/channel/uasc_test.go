@@ -193,6 +193,56 @@ func TestProtocolErrors(t *testing.T) {
 	}
 }
 
+// TestRenew: a Renew issues a new token; the old one is accepted until
+// the client uses the new one, then refused.
+func TestRenew(t *testing.T) {
+	st, c := pair(t, Config{IDs: IDs{SecureChannelID: 5, SequenceNumber: 1, TokenID: 3}}, uacp.Hello{})
+	open(t, st, c)
+	type result struct {
+		m   Message
+		err error
+	}
+	recv := make(chan result, 1)
+	receive := func() result {
+		go func() {
+			m, err := st.Receive(context.Background())
+			recv <- result{m, err}
+		}()
+		return <-recv
+	}
+	renewed := make(chan error, 1)
+	go func() { renewed <- c.Renew() }()
+	go func() {
+		m, err := st.Receive(context.Background())
+		recv <- result{m, err}
+	}()
+	if err := <-renewed; err != nil || c.TokenID != 4 {
+		t.Fatalf("Renew: %v, token %d", err, c.TokenID)
+	}
+	c.TokenID = 3 // the old token still works
+	if _, err := c.Send(&ua.GetEndpointsRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-recv; r.err != nil || r.m.Request == nil {
+		t.Fatalf("old token after Renew: %+v", r)
+	}
+	c.TokenID = 4
+	if _, err := c.Send(&ua.GetEndpointsRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if r := receive(); r.err != nil || r.m.Request == nil {
+		t.Fatalf("new token: %+v", r)
+	}
+	c.TokenID = 3 // the client moved on: the old token is gone
+	if _, err := c.Send(&ua.GetEndpointsRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	var pe *ProtocolError
+	if r := receive(); !errors.As(r.err, &pe) || pe.Code != ua.StatusBadSecureChannelTokenUnknown {
+		t.Fatalf("old token after the new one was used: %+v", r)
+	}
+}
+
 // TestHelloRejected: buffers below 8192 bytes are refused.
 func TestHelloRejected(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

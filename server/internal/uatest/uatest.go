@@ -129,10 +129,16 @@ func (c *Conn) ReadFrame() (typ string, chunk byte, body []byte, err error) {
 }
 
 // Open opens the secure channel (OpenSecureChannel, Issue).
-func (c *Conn) Open() error {
+func (c *Conn) Open() error { return c.openSecureChannel(ua.SecurityTokenRequestTypeIssue) }
+
+// Renew renews the security token (OpenSecureChannel, Renew); TokenID is
+// the new token.
+func (c *Conn) Renew() error { return c.openSecureChannel(ua.SecurityTokenRequestTypeRenew) }
+
+func (c *Conn) openSecureChannel(kind ua.SecurityTokenRequestType) error {
 	body, err := EncodeService(&ua.OpenSecureChannelRequest{
 		RequestHeader:     c.header(nil),
-		RequestType:       ua.SecurityTokenRequestTypeIssue,
+		RequestType:       kind,
 		SecurityMode:      ua.MessageSecurityModeNone,
 		ClientNonce:       []byte{},
 		RequestedLifetime: 3_600_000,
@@ -140,7 +146,7 @@ func (c *Conn) Open() error {
 	if err != nil {
 		return err
 	}
-	b := binary.LittleEndian.AppendUint32(nil, 0)
+	b := binary.LittleEndian.AppendUint32(nil, c.ChannelID)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(ua.SecurityPolicyURINone)))
 	b = append(b, ua.SecurityPolicyURINone...)
 	b = binary.LittleEndian.AppendUint32(b, 0xffffffff)
