@@ -53,7 +53,7 @@ type Server struct {
 	subs        *subscription.Manager  // subscriptions of all sessions
 	counters    *subscription.Counters // SampledCounter / FastCounter nodes
 	decoder     *uabin.Decoder         // guards request decoding
-	logins      *loginThrottle         // delays failed logins per peer IP
+	logins      *loginThrottle         // delays failed logins per peer IP and user
 	openConns   atomic.Int64           // TCP connections being served
 
 	// testHook, if set, runs before a worker executes a request (tests

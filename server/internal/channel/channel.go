@@ -234,7 +234,7 @@ func (c *Channel) dispatch(h Handler, msg Message) {
 			c.log.Error("panic in request handler: closing the channel",
 				"request_id", msg.RequestID, "request", fmt.Sprintf("%T", msg.Request),
 				"panic", p, "stack", string(debug.Stack()))
-			c.Fail(msg.RequestID, InternalFault(msg.Request, ua.StatusBadInternalError), ua.StatusBadInternalError)
+			c.Fail(msg.RequestID, internalFault(msg.Request, ua.StatusBadInternalError), ua.StatusBadInternalError)
 			if c.opts.OnPanic != nil {
 				c.opts.OnPanic()
 			}
@@ -243,9 +243,9 @@ func (c *Channel) dispatch(h Handler, msg Message) {
 	h(c, msg)
 }
 
-// InternalFault returns a ServiceFault with code answering req (nil
+// internalFault returns a ServiceFault with code answering req (nil
 // allowed).
-func InternalFault(req ua.Request, code ua.StatusCode) *ua.ServiceFault {
+func internalFault(req ua.Request, code ua.StatusCode) *ua.ServiceFault {
 	var handle uint32
 	if req != nil {
 		if h := req.Header(); h != nil {
