@@ -68,8 +68,14 @@ type fuzzTarget struct {
 }
 
 func newFuzzTarget(t testing.TB) *fuzzTarget {
-	// Login delays and backpressure would only slow the fuzzer down.
-	ts := runServer(t, Config{LoginDelay: time.Millisecond, LoginDelayMax: time.Millisecond, HighMark: 10_000, LowMark: 5000, Counters: 16})
+	// Login delays and backpressure would only slow the fuzzer down, and
+	// the sessions the fuzzer creates (but never activates) must not take
+	// every slot from the harness's own.
+	ts := runServer(t, Config{
+		LoginDelay: time.Millisecond, LoginDelayMax: time.Millisecond,
+		HighMark: 10_000, LowMark: 5000, Counters: 16,
+		MaxSessions: 1_000_000, MaxUnactivatedSessions: 500_000, UnactivatedTimeout: time.Second,
+	})
 	return &fuzzTarget{ts: ts}
 }
 
