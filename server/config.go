@@ -24,6 +24,28 @@ const (
 	DefaultQueueSize = 10000
 	// MaxCounters bounds Config.Counters (OPCUA_COUNTERS).
 	MaxCounters = 1_000_000
+
+	// DefaultMaxConnections bounds open TCP connections, handshakes
+	// included.
+	DefaultMaxConnections = 1000
+	// DefaultHandshakeTimeout bounds the time from connect to the end of
+	// the first OpenSecureChannel.
+	DefaultHandshakeTimeout = 10 * time.Second
+	// DefaultUnactivatedTimeout closes a session not activated within it.
+	DefaultUnactivatedTimeout = 30 * time.Second
+	// DefaultMaxMessageSize bounds one request (all its chunks), and
+	// DefaultMaxChunkCount its chunks (gopcua's values).
+	DefaultMaxMessageSize = 2 << 20
+	DefaultMaxChunkCount  = 512
+	// DefaultLoginDelay is the delay after the first failed login beyond
+	// DefaultLoginFreeFailures; it doubles with each further failure up to
+	// DefaultLoginDelayMax.
+	DefaultLoginDelay        = 100 * time.Millisecond
+	DefaultLoginDelayMax     = 5 * time.Second
+	DefaultLoginFreeFailures = 3
+	// DefaultShutdownTimeout bounds the wait for in-flight work when the
+	// server stops (below Docker's 10 s between SIGTERM and SIGKILL).
+	DefaultShutdownTimeout = 5 * time.Second
 )
 
 // Fault names one deliberate bug the server can switch on (OPCUA_FAULTS), so
@@ -60,13 +82,20 @@ const (
 	// FaultPublishDrop silently drops Publish requests beyond a small number
 	// (3) queued per session (gopcua's stock server drops those beyond 100).
 	FaultPublishDrop Fault = "publish-drop"
+	// FaultCrashOnDecode hands request bodies to gopcua's decoder unchecked
+	// and recovers no panic on the connection: a malformed request (a
+	// Variant array length of -2) kills the process, as before issue 14.
+	FaultCrashOnDecode Fault = "crash-on-decode"
+	// FaultUnboundedIdle drops the handshake deadline and the connection
+	// limit: connections that never send Hello stay open forever.
+	FaultUnboundedIdle Fault = "unbounded-idle"
 )
 
 // AllFaults lists every fault switch.
 var AllFaults = []Fault{
 	FaultUnweighted, FaultTurnStall, FaultLostWakeup, FaultNoBackpressure,
 	FaultFaultOnOverflow, FaultCancelLeak, FaultCancelDouble, FaultSerialDispatch,
-	FaultSamplingDrift, FaultPublishDrop,
+	FaultSamplingDrift, FaultPublishDrop, FaultCrashOnDecode, FaultUnboundedIdle,
 }
 
 // Faults is a set of enabled fault switches.
@@ -181,6 +210,44 @@ type Config struct {
 	// Counters is the number of SampledCounter.<i> and FastCounter.<i>
 	// nodes (subscription.DefaultCounters, 4096).
 	Counters int
+
+	// MaxConnections bounds open TCP connections, handshakes included
+	// (DefaultMaxConnections); a connection beyond it gets an ERR message
+	// BadMaxConnectionsReached and is closed.
+	MaxConnections int
+	// HandshakeTimeout bounds the time from connect to the end of the first
+	// OpenSecureChannel (DefaultHandshakeTimeout).
+	HandshakeTimeout time.Duration
+	// MaxUnactivatedSessions bounds sessions created but not yet activated
+	// (default MaxSessions/2): beyond it CreateSession gives
+	// BadTooManySessions.
+	MaxUnactivatedSessions int
+	// UnactivatedTimeout closes a session that is not activated within it
+	// (DefaultUnactivatedTimeout).
+	UnactivatedTimeout time.Duration
+	// MaxMessageSize bounds one request, all chunks (DefaultMaxMessageSize);
+	// MaxChunkCount bounds its chunks (DefaultMaxChunkCount). Beyond
+	// either the channel is closed with ERR BadRequestTooLarge.
+	MaxMessageSize, MaxChunkCount int
+	// MaxBufferedChunks and MaxBufferedBytes bound the chunks held per
+	// channel for requests not yet complete, all request ids together
+	// (default MaxChunkCount and MaxMessageSize). Beyond either the
+	// channel is closed with ERR BadTcpMessageTooLarge.
+	MaxBufferedChunks, MaxBufferedBytes int
+	// MaxDecodeDepth bounds the nesting of values in a request
+	// (uabin.DefaultMaxDepth, 100).
+	MaxDecodeDepth int
+	// LoginDelay, LoginDelayMax and LoginFreeFailures slow down failed
+	// logins per peer IP and user name: after LoginFreeFailures failed ActivateSession
+	// calls, the next one is checked and answered LoginDelay later, each
+	// further one twice as late, up to LoginDelayMax; a success resets
+	// (DefaultLoginDelay, DefaultLoginDelayMax, DefaultLoginFreeFailures).
+	// The wait is a timer: no worker or channel reader sleeps.
+	LoginDelay, LoginDelayMax time.Duration
+	LoginFreeFailures         int
+	// ShutdownTimeout bounds how long Serve waits for in-flight work once
+	// its context is done (DefaultShutdownTimeout).
+	ShutdownTimeout time.Duration
 	// Faults are the enabled fault switches.
 	Faults Faults
 	// Logger receives the server's log; nil means slog.Default().
@@ -200,6 +267,22 @@ type Config struct {
 //	OPCUA_BACKPRESSURE                high:low pending responses (100:50)
 //	OPCUA_COUNTERS                    SampledCounter/FastCounter nodes (4096)
 //	OPCUA_FAULTS                      fault switches, comma separated
+//	OPCUA_MAX_CONNECTIONS             open connections (1000)
+//	OPCUA_HANDSHAKE_TIMEOUT           connect to first OpenSecureChannel (10s)
+//	OPCUA_MAX_SESSIONS                sessions (1000)
+//	OPCUA_MAX_UNACTIVATED_SESSIONS    sessions not yet activated (sessions/2)
+//	OPCUA_UNACTIVATED_TIMEOUT         activation deadline of a session (30s)
+//	OPCUA_MAX_MESSAGE_SIZE            bytes of one request (2097152)
+//	OPCUA_MAX_CHUNK_COUNT             chunks of one request (512)
+//	OPCUA_MAX_BUFFERED_CHUNKS         chunks of unfinished requests per channel (512)
+//	OPCUA_MAX_BUFFERED_BYTES          their bytes (2097152)
+//	OPCUA_MAX_DECODE_DEPTH            nesting of values in a request (100)
+//	OPCUA_LOGIN_DELAY                 first delay of a failed login (100ms)
+//	OPCUA_LOGIN_DELAY_MAX             its cap (5s)
+//	OPCUA_LOGIN_FREE_FAILURES         failed logins per peer IP and user before delays (3)
+//	OPCUA_SHUTDOWN_TIMEOUT            wait for in-flight work on stop (5s)
+//
+// Durations are Go durations ("10s", "250ms").
 //
 // Errors name the offending flag or variable.
 func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Config, error) {
@@ -257,6 +340,38 @@ func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 	if cfg.Counters > MaxCounters {
 		return cfg, fmt.Errorf("OPCUA_COUNTERS: at most %d, got %d", MaxCounters, cfg.Counters)
 	}
+	for _, v := range []struct {
+		env string
+		dst *int
+	}{
+		{"OPCUA_MAX_CONNECTIONS", &cfg.MaxConnections},
+		{"OPCUA_MAX_SESSIONS", &cfg.MaxSessions},
+		{"OPCUA_MAX_UNACTIVATED_SESSIONS", &cfg.MaxUnactivatedSessions},
+		{"OPCUA_MAX_MESSAGE_SIZE", &cfg.MaxMessageSize},
+		{"OPCUA_MAX_CHUNK_COUNT", &cfg.MaxChunkCount},
+		{"OPCUA_MAX_BUFFERED_CHUNKS", &cfg.MaxBufferedChunks},
+		{"OPCUA_MAX_BUFFERED_BYTES", &cfg.MaxBufferedBytes},
+		{"OPCUA_MAX_DECODE_DEPTH", &cfg.MaxDecodeDepth},
+		{"OPCUA_LOGIN_FREE_FAILURES", &cfg.LoginFreeFailures},
+	} {
+		if *v.dst, err = positive(getenv(v.env), v.env); err != nil {
+			return cfg, err
+		}
+	}
+	for _, v := range []struct {
+		env string
+		dst *time.Duration
+	}{
+		{"OPCUA_HANDSHAKE_TIMEOUT", &cfg.HandshakeTimeout},
+		{"OPCUA_UNACTIVATED_TIMEOUT", &cfg.UnactivatedTimeout},
+		{"OPCUA_LOGIN_DELAY", &cfg.LoginDelay},
+		{"OPCUA_LOGIN_DELAY_MAX", &cfg.LoginDelayMax},
+		{"OPCUA_SHUTDOWN_TIMEOUT", &cfg.ShutdownTimeout},
+	} {
+		if *v.dst, err = duration(getenv(v.env), v.env); err != nil {
+			return cfg, err
+		}
+	}
 	if bp := getenv("OPCUA_BACKPRESSURE"); bp != "" {
 		hi, lo, ok := strings.Cut(bp, ":")
 		h, err1 := strconv.Atoi(hi)
@@ -281,6 +396,18 @@ func positive(s, name string) (int, error) {
 		return 0, fmt.Errorf("%s: want a positive integer, got %q", name, s)
 	}
 	return n, nil
+}
+
+// duration parses a positive Go duration; "" gives 0 (the default).
+func duration(s, name string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%s: want a positive duration such as 10s, got %q", name, s)
+	}
+	return d, nil
 }
 
 // ErrHelp is returned by LoadConfig for -h/-help.

@@ -3,7 +3,9 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -111,7 +113,7 @@ func (s *Server) work() {
 		delete(j.conn.queued.jobs, j)
 		j.conn.queued.mu.Unlock()
 		s.busyWorkers.Add(1)
-		s.execute(j)
+		s.runJob(j)
 		s.busyWorkers.Add(-1)
 		// Yield after yieldAfter of work. A worker whose requests burn CPU
 		// never blocks while the queue is full, so without this the
@@ -125,6 +127,23 @@ func (s *Server) work() {
 			ran = time.Now()
 		}
 	}
+}
+
+// runJob executes j. A panic answers the request with a ServiceFault
+// BadInternalError and closes its channel; the worker lives on.
+func (s *Server) runJob(j *job) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.stats.panics.Add(1)
+			s.log.Error("panic in worker: closing the channel", "channel", j.conn.id,
+				"request", fmt.Sprintf("%T", j.req), "panic", p, "stack", string(debug.Stack()))
+			j.ch.Fail(j.reqID, s.fault(j.req, ua.StatusBadInternalError), ua.StatusBadInternalError)
+		}
+	}()
+	if s.testHook != nil {
+		s.testHook(j.req)
+	}
+	s.execute(j)
 }
 
 // execute runs a dispatched job and queues its response.

@@ -2,10 +2,11 @@
 // does concurrency right (and, with fault switches, wrong on demand) so the
 // chaos suites can prove what they catch.
 //
-// It is built on gopcua's protocol packages (uacp, uasc, ua) with its own
-// session layer and dispatch; gopcua's stock server.Server is not used.
-// Only SecurityPolicy None / MessageSecurityMode None are offered for the
-// secure channel.
+// It is built on gopcua's protocol packages (ua types and codec, uacp
+// messages) with its own secure channel transport (internal/channel, in
+// place of gopcua's uasc), session layer and dispatch; gopcua's stock
+// server.Server is not used. Only SecurityPolicy None /
+// MessageSecurityMode None are offered.
 //
 // # Identity
 //
@@ -35,7 +36,9 @@
 // GetEndpoints (advertises the EndpointUrl the client sent, so clients behind
 // a proxy keep using the proxy, with the token policies above),
 // FindServers, CreateSession, ActivateSession (see Identity; user names and
-// passwords from Config.Users), CloseSession, Cancel, Read and the
+// passwords from Config.Users; an activated session moves to another
+// channel only with the same identity, else BadIdentityChangeNotSupported),
+// CloseSession, Cancel, Read and the
 // subscription services (see Subscriptions). Every
 // session service checks the authentication token (BadSessionIdInvalid,
 // BadSessionNotActivated, BadSecureChannelIdInvalid when used from another
@@ -75,6 +78,12 @@
 //	ns=1;s=Counter.ChannelsCumulated  secure channels opened since start
 //	ns=1;s=Counter.TooBusy            requests refused BadServerTooBusy
 //	ns=1;s=Counter.Cancelled          queued requests cancelled by Cancel
+//	ns=1;s=Counter.Connections        TCP connections served now
+//	ns=1;s=Counter.ConnectionsRefused connections refused (MaxConnections)
+//	ns=1;s=Counter.Panics             panics recovered
+//	ns=1;s=Counter.DecodingErrors     requests answered BadDecodingError
+//	ns=1;s=Counter.LoginsDelayed      ActivateSession calls delayed by the login throttle
+//	ns=1;s=Counter.SessionsUnactivated sessions created, not yet activated
 //	ns=1;s=Queue.Depth                requests queued now
 //	ns=1;s=Queue.Slots                queue slots held (Depth + leaked slots)
 //	ns=1;s=Queue.Limit, Queue.OwnerLimit   total bound, per-owner ceiling
@@ -113,8 +122,9 @@
 // Sampling.Missed); queues honour QueueSize and DiscardOldest (overflow
 // bit). Up to 100 Publish requests queue per session (beyond,
 // BadTooManyPublishRequests for the oldest); a response carries at most the
-// subscription's MaxNotificationsPerPublish and never exceeds the client's
-// receive buffer (from its Hello): the rest follows with MoreNotifications.
+// subscription's MaxNotificationsPerPublish and fits one chunk of the
+// client's receive buffer (from its Hello): the rest follows with
+// MoreNotifications.
 // Unacknowledged messages stay in a 256-message retransmission queue for
 // Republish; keep-alives carry the next sequence number. A subscription
 // without Publish requests for its lifetime count expires. Closing a
@@ -136,6 +146,29 @@
 // BadServerHalted. Fault switches (Config.Faults, OPCUA_FAULTS) reproduce
 // known bugs on demand; see the Fault constants (sampling-drift and
 // publish-drop are the subscription ones).
+//
+// # Hostile traffic
+//
+// Request bodies are checked by internal/uabin before gopcua's decoder sees
+// them (array, string and ByteString lengths against the bytes left,
+// negative lengths, Variant dimensions, nesting depth up to
+// Config.MaxDecodeDepth), and decoded under a recover: a bad request is
+// answered with a ServiceFault BadDecodingError and the channel stays. A
+// panic in a handler or worker answers BadInternalError and closes only
+// that channel (Counter.Panics). Limits, all in Config with OPCUA_*
+// variables: MaxConnections (ERR BadMaxConnectionsReached beyond),
+// HandshakeTimeout (Hello and first OpenSecureChannel), MaxMessageSize and
+// MaxChunkCount per request (ERR BadRequestTooLarge), MaxBufferedChunks and
+// MaxBufferedBytes of unfinished requests per channel (ERR
+// BadTcpMessageTooLarge), MaxUnactivatedSessions and UnactivatedTimeout.
+// Responses are split into chunks within the client's receive buffer; one
+// above its MaxMessageSize or MaxChunkCount is answered BadResponseTooLarge.
+// Failed logins are delayed per peer IP and user name (LoginDelay doubling
+// to LoginDelayMax after LoginFreeFailures) on a timer, never on a reader or
+// worker. Transient accept errors (EMFILE) are backed off; Serve returns
+// within ShutdownTimeout of its context ending (ErrShutdownTimeout if work
+// was still running). The faults crash-on-decode and unbounded-idle bring
+// the old behaviour back.
 //
 // # Logging
 //

@@ -22,17 +22,23 @@ const (
 
 // The namespace 1 counter nodes (all Int64, string ids).
 const (
-	NodeReads             = "Counter.Reads"             // Read operations (ReadValueIds) answered
-	NodeReadRequests      = "Counter.ReadRequests"      // Read requests answered
-	NodeRequests          = "Counter.Requests"          // service requests received
-	NodeRejected          = "Counter.Rejected"          // requests answered with a Bad service result
-	NodeTimeouts          = "Counter.Timeouts"          // requests answered BadTimeout (TimeoutHint)
-	NodeSessions          = "Counter.Sessions"          // current sessions
-	NodeSessionsCumulated = "Counter.SessionsCumulated" // sessions created since start
-	NodeChannels          = "Counter.Channels"          // current secure channels
-	NodeChannelsCumulated = "Counter.ChannelsCumulated" // secure channels opened since start
-	NodeTooBusy           = "Counter.TooBusy"           // requests refused BadServerTooBusy
-	NodeCancelled         = "Counter.Cancelled"         // queued requests cancelled by the Cancel service
+	NodeReads             = "Counter.Reads"               // Read operations (ReadValueIds) answered
+	NodeReadRequests      = "Counter.ReadRequests"        // Read requests answered
+	NodeRequests          = "Counter.Requests"            // service requests received
+	NodeRejected          = "Counter.Rejected"            // requests answered with a Bad service result
+	NodeTimeouts          = "Counter.Timeouts"            // requests answered BadTimeout (TimeoutHint)
+	NodeSessions          = "Counter.Sessions"            // current sessions
+	NodeSessionsCumulated = "Counter.SessionsCumulated"   // sessions created since start
+	NodeChannels          = "Counter.Channels"            // current secure channels
+	NodeChannelsCumulated = "Counter.ChannelsCumulated"   // secure channels opened since start
+	NodeTooBusy           = "Counter.TooBusy"             // requests refused BadServerTooBusy
+	NodeCancelled         = "Counter.Cancelled"           // queued requests cancelled by the Cancel service
+	NodeConnections       = "Counter.Connections"         // TCP connections served now
+	NodeRefused           = "Counter.ConnectionsRefused"  // connections refused (MaxConnections)
+	NodePanics            = "Counter.Panics"              // panics recovered (the process lived on)
+	NodeDecodingErrors    = "Counter.DecodingErrors"      // requests answered BadDecodingError
+	NodeLoginsDelayed     = "Counter.LoginsDelayed"       // ActivateSession calls held back after failed logins
+	NodeUnactivated       = "Counter.SessionsUnactivated" // sessions created, not yet activated
 
 	NodeQueueDepth          = "Queue.Depth"          // requests queued now
 	NodeQueueSlots          = "Queue.Slots"          // queue slots held now (Depth plus leaked slots)
@@ -324,6 +330,18 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 		return s.stats.channels.Load(), true, nil
 	case NodeChannelsCumulated:
 		return s.stats.channelsCumulated.Load(), true, nil
+	case NodeConnections:
+		return s.openConns.Load(), true, nil
+	case NodeRefused:
+		return s.stats.refusedConns.Load(), true, nil
+	case NodePanics:
+		return s.stats.panics.Load(), true, nil
+	case NodeDecodingErrors:
+		return s.stats.decodingErrors.Load(), true, nil
+	case NodeLoginsDelayed:
+		return s.stats.loginsDelayed.Load(), true, nil
+	case NodeUnactivated:
+		return int64(c.Unactivated), true, nil
 	}
 	return nil, false, nil
 }

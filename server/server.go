@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"runtime"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -16,19 +18,22 @@ import (
 	"time"
 
 	"github.com/gopcua/opcua/ua"
+	"github.com/gopcua/opcua/uacp"
 
 	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/fairqueue"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/session"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/subscription"
+	"github.com/opcua-chaos/opcua-chaos/server/internal/uabin"
 )
 
 // ReadyMessage is the message of the one log line the server writes once it
 // is listening; the test harness waits for it.
 const ReadyMessage = "opcua-chaos server ready"
 
-// handshakeTimeout bounds the UACP Hello/Acknowledge exchange.
-const handshakeTimeout = 10 * time.Second
+// ErrShutdownTimeout is returned by Serve when work was still running
+// Config.ShutdownTimeout after its context ended; Serve returns anyway.
+var ErrShutdownTimeout = errors.New("server: shutdown timed out")
 
 // Server is the reference OPC UA server. Create it with New and run it with
 // Serve or ListenAndServe.
@@ -48,6 +53,13 @@ type Server struct {
 	chans       chanStats
 	subs        *subscription.Manager  // subscriptions of all sessions
 	counters    *subscription.Counters // SampledCounter / FastCounter nodes
+	decoder     *uabin.Decoder         // guards request decoding
+	logins      *loginThrottle         // delays failed logins per peer IP and user
+	openConns   atomic.Int64           // TCP connections being served
+
+	// testHook, if set, runs before a worker executes a request (tests
+	// only: it can wedge a worker).
+	testHook func(ua.Request)
 
 	connsMu sync.Mutex
 	conns   map[*conn]struct{} // live secure channels
@@ -70,6 +82,10 @@ type stats struct {
 	cancelled         atomic.Int64 // queued requests cancelled by the Cancel service
 	channels          atomic.Int64 // current secure channels
 	channelsCumulated atomic.Int64
+	refusedConns      atomic.Int64 // connections refused (MaxConnections)
+	panics            atomic.Int64 // panics recovered (handlers, workers, connections)
+	decodingErrors    atomic.Int64 // requests answered BadDecodingError
+	loginsDelayed     atomic.Int64 // ActivateSession calls held back by the login throttle
 }
 
 // New validates cfg, fills in defaults and returns a server.
@@ -116,6 +132,34 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	fill := func(p *int, v int) {
+		if *p <= 0 {
+			*p = v
+		}
+	}
+	fillDur := func(p *time.Duration, v time.Duration) {
+		if *p <= 0 {
+			*p = v
+		}
+	}
+	fill(&cfg.MaxConnections, DefaultMaxConnections)
+	fill(&cfg.MaxMessageSize, DefaultMaxMessageSize)
+	fill(&cfg.MaxChunkCount, DefaultMaxChunkCount)
+	fill(&cfg.MaxBufferedChunks, cfg.MaxChunkCount)
+	fill(&cfg.MaxBufferedBytes, cfg.MaxMessageSize)
+	fill(&cfg.MaxDecodeDepth, uabin.DefaultMaxDepth)
+	fill(&cfg.LoginFreeFailures, DefaultLoginFreeFailures)
+	fillDur(&cfg.HandshakeTimeout, DefaultHandshakeTimeout)
+	fillDur(&cfg.UnactivatedTimeout, DefaultUnactivatedTimeout)
+	fillDur(&cfg.LoginDelay, DefaultLoginDelay)
+	fillDur(&cfg.LoginDelayMax, max(DefaultLoginDelayMax, cfg.LoginDelay))
+	fillDur(&cfg.ShutdownTimeout, DefaultShutdownTimeout)
+	if cfg.MaxMessageSize > math.MaxInt32 || cfg.MaxChunkCount > math.MaxInt32 || cfg.MaxBufferedBytes > math.MaxInt32 {
+		return nil, fmt.Errorf("server: message size, chunk count and buffered bytes must be below 2^31")
+	}
+	if cfg.LoginDelayMax < cfg.LoginDelay {
+		return nil, fmt.Errorf("server: login delay cap %v below the login delay %v", cfg.LoginDelayMax, cfg.LoginDelay)
+	}
 	creds, err := newCredentials(cfg.PrivateKey, cfg.Certificate)
 	if err != nil {
 		return nil, err
@@ -125,13 +169,17 @@ func New(cfg Config) (*Server, error) {
 		log:   cfg.Logger,
 		creds: creds,
 		sessions: session.NewManager(session.Limits{
-			MinTimeout:  cfg.MinSessionTimeout,
-			MaxSessions: cfg.MaxSessions,
+			MinTimeout:         cfg.MinSessionTimeout,
+			MaxSessions:        cfg.MaxSessions,
+			MaxUnactivated:     cfg.MaxUnactivatedSessions,
+			UnactivatedTimeout: cfg.UnactivatedTimeout,
 		}),
-		start: time.Now(),
-		queue: newQueue(cfg),
-		chans: chanStats{live: map[*channel.Channel]struct{}{}},
-		conns: map[*conn]struct{}{},
+		start:   time.Now(),
+		queue:   newQueue(cfg),
+		chans:   chanStats{live: map[*channel.Channel]struct{}{}},
+		conns:   map[*conn]struct{}{},
+		decoder: uabin.NewDecoder(uabin.Limits{MaxDepth: cfg.MaxDecodeDepth}),
+		logins:  newLoginThrottle(cfg.LoginFreeFailures, cfg.LoginDelay, cfg.LoginDelayMax),
 	}
 	s.newSubscriptions()
 	var seed [8]byte
@@ -179,6 +227,11 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		"backpressure_low", s.cfg.LowMark,
 		"users", len(s.cfg.Users),
 		"anonymous", !s.cfg.NoAnonymous,
+		"max_connections", s.cfg.MaxConnections,
+		"handshake_timeout", s.cfg.HandshakeTimeout,
+		"max_message_size", s.cfg.MaxMessageSize,
+		"login_delay", s.cfg.LoginDelay,
+		"login_delay_max", s.cfg.LoginDelayMax,
 		"certificate_sha1", s.creds.thumbprint())
 	s.log.Info(ReadyMessage, "listen", l.Addr().String())
 
@@ -197,38 +250,86 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		s.expireSessions(ctx)
 	}()
 
-	var err error
-	for {
-		var c net.Conn
-		c, err = l.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				err = nil
-				break
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			err = fmt.Errorf("server: accept: %w", err)
-			break
-		}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.serveConn(ctx, c)
-		}()
-	}
+	err := s.acceptLoop(ctx, l)
 	// Queued requests are answered BadServerHalted; running ones see their
 	// channel's context end.
 	s.haltQueued()
 	cancel()
-	workers.Wait()
-	s.wg.Wait()
-	s.sessions.CloseAll()
-	s.subs.Close()
-	s.log.Info("stopped")
+	stopped := make(chan struct{})
+	go func() {
+		workers.Wait()
+		s.wg.Wait()
+		s.sessions.CloseAll()
+		s.subs.Close()
+		close(stopped)
+	}()
+	timer := time.NewTimer(s.cfg.ShutdownTimeout)
+	defer timer.Stop()
+	select {
+	case <-stopped:
+		s.log.Info("stopped")
+	case <-timer.C:
+		// A handler that ignores its context must not keep the process
+		// alive: SIGTERM always ends it.
+		s.log.Error("shutdown timed out: abandoning work still running",
+			"timeout", s.cfg.ShutdownTimeout, "busy_workers", s.busyWorkers.Load(), "connections", s.openConns.Load())
+		if err == nil {
+			err = ErrShutdownTimeout
+		}
+	}
 	return err
+}
+
+// acceptLoop accepts connections until ctx is done. Errors other than the
+// listener closing (EMFILE, ENFILE, ECONNABORTED, ...) are transient: it
+// backs off (5 ms doubling up to 1 s) and keeps accepting.
+func (s *Server) acceptLoop(ctx context.Context, l net.Listener) error {
+	var backoff time.Duration
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("server: accept: %w", err)
+			}
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Warn("accept failed, retrying", "err", err, "backoff", backoff)
+			t := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-t.C:
+			}
+			continue
+		}
+		backoff = 0
+		if n := s.openConns.Add(1); n > int64(s.cfg.MaxConnections) && !s.cfg.Faults.Has(FaultUnboundedIdle) {
+			s.openConns.Add(-1)
+			s.stats.refusedConns.Add(1)
+			s.wg.Go(func() { s.refuse(c) })
+			continue
+		}
+		// Fault unbounded-idle: no connection limit.
+		s.wg.Go(func() {
+			defer s.openConns.Add(-1)
+			s.serveConn(ctx, c)
+		})
+	}
+}
+
+// refuse answers a connection beyond MaxConnections with an ERR message
+// and closes it.
+func (s *Server) refuse(c net.Conn) {
+	s.log.Warn("connection refused: too many connections", "remote", c.RemoteAddr().String(), "max", s.cfg.MaxConnections)
+	code := ua.StatusBadMaxConnectionsReached
+	body, _ := ua.Encode(&uacp.Error{ErrorCode: uint32(code), Reason: code.Error()})
+	msg := binary.LittleEndian.AppendUint32([]byte("ERRF"), uint32(8+len(body)))
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = c.Write(append(msg, body...))
+	_ = c.Close()
 }
 
 // expireSessions closes sessions that outlived their timeout.
@@ -261,12 +362,45 @@ type conn struct {
 func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 	remote := c.RemoteAddr().String()
 	local := c.LocalAddr().String()
+	crash := s.cfg.Faults.Has(FaultCrashOnDecode)
+	var t *channel.SecureTransport
+	if !crash {
+		// A panic on this connection's reader closes the connection, not
+		// the process. (Fault crash-on-decode: no recover.)
+		defer func() {
+			if p := recover(); p != nil {
+				s.stats.panics.Add(1)
+				s.log.Error("panic serving a connection: closing it", "remote", remote, "panic", p, "stack", string(debug.Stack()))
+				if t != nil {
+					_ = t.Abort(ua.StatusBadInternalError)
+				} else {
+					_ = c.Close()
+				}
+			}
+		}()
+	}
+	handshake := s.cfg.HandshakeTimeout
+	if s.cfg.Faults.Has(FaultUnboundedIdle) {
+		handshake = 0 // Fault unbounded-idle: wait for the Hello forever.
+	}
 	id := s.nextChannelID.Add(1)
-	t, err := channel.Accept(c, channel.IDs{
-		SecureChannelID: id,
-		SequenceNumber:  1,
-		TokenID:         s.nextTokenID.Add(1),
-	}, handshakeTimeout)
+	t, err := channel.Accept(c, channel.Config{
+		IDs: channel.IDs{
+			SecureChannelID: id,
+			SequenceNumber:  1,
+			TokenID:         s.nextTokenID.Add(1),
+		},
+		HandshakeTimeout: handshake,
+		Limits: channel.Limits{
+			MaxMessageSize:    uint32(s.cfg.MaxMessageSize),
+			MaxChunkCount:     uint32(s.cfg.MaxChunkCount),
+			MaxBufferedChunks: s.cfg.MaxBufferedChunks,
+			MaxBufferedBytes:  s.cfg.MaxBufferedBytes,
+		},
+		Decoder:   s.decoder,
+		Unguarded: crash,
+		Logger:    s.log.With("channel", id, "remote", remote),
+	})
 	if err != nil {
 		s.log.Debug("handshake failed", "remote", remote, "err", err)
 		return
@@ -291,24 +425,32 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 		NoBackpressure:  s.cfg.Faults.Has(FaultNoBackpressure),
 		FaultOnOverflow: s.cfg.Faults.Has(FaultFaultOnOverflow),
 		Logger:          s.log.With("channel", id),
+		OnPanic:         func() { s.stats.panics.Add(1) },
 	})
 	s.chans.add(ch)
 	s.connsMu.Lock()
 	s.conns[cn] = struct{}{}
 	s.connsMu.Unlock()
+	// Deferred, so that it also runs when a panic unwinds the reader.
 	defer func() {
 		s.connsMu.Lock()
 		delete(s.conns, cn)
 		s.connsMu.Unlock()
+		cancel()
+		// A lost connection cancels its queued requests: their slots
+		// return now.
+		n := s.cancelQueued(cn, func(*job) bool { return true }, ua.StatusBadSecureChannelClosed)
+		s.chans.remove(ch)
+		level := slog.LevelDebug
+		var pe *channel.ProtocolError
+		if errors.As(err, &pe) {
+			level = slog.LevelInfo // a misbehaving peer is worth a line
+		}
+		s.log.Log(context.Background(), level, "channel closed", "channel", id, "remote", remote, "err", err, "cancelled", n)
 	}()
 	err = ch.Run(ctx, func(ch *channel.Channel, msg channel.Message) {
 		s.handle(cn, ch, msg)
 	})
-	cancel()
-	// A lost connection cancels its queued requests: their slots return now.
-	n := s.cancelQueued(cn, func(*job) bool { return true }, ua.StatusBadSecureChannelClosed)
-	s.chans.remove(ch)
-	s.log.Debug("channel closed", "channel", id, "remote", remote, "err", err, "cancelled", n)
 }
 
 // chanStats aggregates the backpressure counters of all channels.

@@ -45,11 +45,20 @@ func (s *Server) handle(cn *conn, ch *channel.Channel, msg channel.Message) {
 	now := time.Now()
 	req := msg.Request
 	if msg.Err != nil || req == nil {
-		s.log.Debug("undecodable request", "channel", cn.id, "err", msg.Err)
+		// Unknown services keep their status; anything else that did not
+		// decode is BadDecodingError. The channel stays open.
+		code := ua.StatusBadDecodingError
+		if errors.Is(msg.Err, ua.StatusBadServiceUnsupported) {
+			code = ua.StatusBadServiceUnsupported
+		} else {
+			s.stats.decodingErrors.Add(1)
+		}
+		s.log.Debug("undecodable request", "channel", cn.id, "request_id", msg.RequestID, "status", code, "err", msg.Err)
 		s.stats.rejectedRequests.Add(1)
 		ch.Respond(msg.RequestID, &ua.ServiceFault{ResponseHeader: &ua.ResponseHeader{
 			Timestamp:          now,
-			ServiceResult:      ua.StatusBadDecodingError,
+			RequestHandle:      msg.Handle,
+			ServiceResult:      code,
 			ServiceDiagnostics: &ua.DiagnosticInfo{},
 			AdditionalHeader:   ua.NewExtensionObject(nil),
 		}})
@@ -75,7 +84,8 @@ func (s *Server) handle(cn *conn, ch *channel.Channel, msg channel.Message) {
 	case *ua.CreateSessionRequest:
 		resp = s.createSession(cn, r, now)
 	case *ua.ActivateSessionRequest:
-		resp = s.activateSession(cn, r, now)
+		s.throttledActivate(cn, ch, msg.RequestID, r, now)
+		return
 	case *ua.CloseSessionRequest:
 		resp = s.closeSession(cn, r, now)
 	case *ua.CancelRequest:
@@ -209,6 +219,11 @@ func (s *Server) activateSession(cn *conn, r *ua.ActivateSessionRequest, now tim
 	sess.Touch(now)
 	nonce := sess.ServerNonce()
 	user, code, why := s.authenticate(r.UserIdentityToken, nonce)
+	if code == ua.StatusOK {
+		if code = s.identityChange(cn, sess, user); code != ua.StatusOK {
+			why = "identity change"
+		}
+	}
 	var next []byte
 	if code == ua.StatusOK {
 		var ok bool

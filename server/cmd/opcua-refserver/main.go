@@ -3,9 +3,15 @@
 // Configuration comes from flags with environment fallback (see
 // server.LoadConfig): -listen/OPCUA_LISTEN, OPCUA_USERS, OPCUA_OWNER_WEIGHTS,
 // -workers/OPCUA_WORKERS, -queue/OPCUA_QUEUE_SIZE, OPCUA_OWNER_QUEUE_SIZE,
-// OPCUA_BACKPRESSURE, OPCUA_COUNTERS, -faults/OPCUA_FAULTS. A bad value
-// prints one error line and exits with status 2. SIGINT/SIGTERM shut the
-// server down.
+// OPCUA_BACKPRESSURE, OPCUA_COUNTERS, -faults/OPCUA_FAULTS, and the limits
+// against hostile clients (OPCUA_MAX_CONNECTIONS, OPCUA_HANDSHAKE_TIMEOUT,
+// OPCUA_MAX_SESSIONS, OPCUA_MAX_UNACTIVATED_SESSIONS,
+// OPCUA_UNACTIVATED_TIMEOUT, OPCUA_MAX_MESSAGE_SIZE, OPCUA_MAX_CHUNK_COUNT,
+// OPCUA_MAX_BUFFERED_CHUNKS, OPCUA_MAX_BUFFERED_BYTES,
+// OPCUA_MAX_DECODE_DEPTH, OPCUA_LOGIN_DELAY, OPCUA_LOGIN_DELAY_MAX,
+// OPCUA_LOGIN_FREE_FAILURES, OPCUA_SHUTDOWN_TIMEOUT). A bad value prints one
+// error line and exits with status 2. SIGINT/SIGTERM shut the server down
+// within OPCUA_SHUTDOWN_TIMEOUT (exit status 1 if work was still running).
 package main
 
 import (

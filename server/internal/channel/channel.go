@@ -12,8 +12,11 @@ package channel
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
+	"time"
 
 	"github.com/gopcua/opcua/ua"
 )
@@ -27,6 +30,9 @@ type Message struct {
 	// Err is set when the message was read completely but could not be
 	// decoded; it must be answered with a ServiceFault.
 	Err error
+	// Handle is the RequestHandle of a message with Err set, when its
+	// request header could be decoded (else 0).
+	Handle uint32
 }
 
 // Transport is the message stream of one secure channel.
@@ -43,7 +49,10 @@ type Transport interface {
 }
 
 // Handler handles one request. It must arrange for exactly one call of
-// Channel.Respond with msg.RequestID, from any goroutine, at any later time.
+// Channel.Respond (or Fail) with msg.RequestID, from any goroutine, at any
+// later time. A handler that panics before answering is recovered: the
+// request is answered with a ServiceFault BadInternalError and the channel
+// closes (ERR BadInternalError) once that is written.
 type Handler func(ch *Channel, msg Message)
 
 // Options configure a Channel.
@@ -62,6 +71,9 @@ type Options struct {
 	FaultOnOverflow bool
 	// Logger receives channel events; nil means slog.Default().
 	Logger *slog.Logger
+	// OnPanic, if set, is called after a panic of a handler or of the
+	// writer was recovered (for counting).
+	OnPanic func()
 }
 
 // Stats is a snapshot of a channel's counters.
@@ -77,6 +89,13 @@ type Stats struct {
 // ErrOverflow is returned by Run when the fault-on-overflow switch closed the
 // channel.
 var ErrOverflow = errors.New("channel: too many pending responses (fault-on-overflow)")
+
+// ErrFailed is returned by Run when Fail (or a panic) closed the channel.
+var ErrFailed = errors.New("channel: failed")
+
+// failFlushTimeout bounds how long a failed channel waits for its last
+// responses to be written.
+const failFlushTimeout = 5 * time.Second
 
 type outgoing struct {
 	reqID uint32
@@ -94,6 +113,7 @@ type Channel struct {
 	kick    chan struct{} // cap 1: wakes the writer
 	resume  chan struct{} // non-nil while the reader is paused
 	closed  bool
+	failed  ua.StatusCode // set by Fail: ERR code sent once the queue is written
 	done    chan struct{} // closed when the channel is closed
 	stats   Stats
 	closeMu sync.Once
@@ -134,9 +154,15 @@ func (c *Channel) Stats() Stats {
 // Responses arriving after Run returned are dropped.
 func (c *Channel) Run(ctx context.Context, h Handler) error {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
 	var wg sync.WaitGroup
+	// Deferred, so that a panic on the reader (the crash-on-decode fault
+	// lets one through) still stops the writer.
+	defer func() {
+		c.close()
+		cancel()
+		wg.Wait()
+	}()
+
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
@@ -153,14 +179,26 @@ func (c *Channel) Run(ctx context.Context, h Handler) error {
 	}()
 
 	err := c.readLoop(ctx, h)
-	c.close()
-	cancel()
-	wg.Wait()
+	if c.failing() {
+		// Let the writer send what Fail queued, then its ERR message (a
+		// peer that does not read gets failFlushTimeout).
+		t := time.NewTimer(failFlushTimeout)
+		defer t.Stop()
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		return ErrFailed
+	}
 	return err
 }
 
 func (c *Channel) readLoop(ctx context.Context, h Handler) error {
 	for {
+		if c.failing() {
+			return ErrFailed
+		}
 		if err := c.waitForRoom(ctx); err != nil {
 			return err
 		}
@@ -184,8 +222,72 @@ func (c *Channel) readLoop(ctx context.Context, h Handler) error {
 			c.close()
 			return ErrOverflow
 		}
-		h(c, msg)
+		c.dispatch(h, msg)
 	}
+}
+
+// dispatch runs the handler; a panic answers the request with a
+// ServiceFault BadInternalError and fails the channel.
+func (c *Channel) dispatch(h Handler, msg Message) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.log.Error("panic in request handler: closing the channel",
+				"request_id", msg.RequestID, "request", fmt.Sprintf("%T", msg.Request),
+				"panic", p, "stack", string(debug.Stack()))
+			c.Fail(msg.RequestID, internalFault(msg.Request, ua.StatusBadInternalError), ua.StatusBadInternalError)
+			if c.opts.OnPanic != nil {
+				c.opts.OnPanic()
+			}
+		}
+	}()
+	h(c, msg)
+}
+
+// internalFault returns a ServiceFault with code answering req (nil
+// allowed).
+func internalFault(req ua.Request, code ua.StatusCode) *ua.ServiceFault {
+	var handle uint32
+	if req != nil {
+		if h := req.Header(); h != nil {
+			handle = h.RequestHandle
+		}
+	}
+	return &ua.ServiceFault{ResponseHeader: &ua.ResponseHeader{
+		Timestamp:          time.Now(),
+		RequestHandle:      handle,
+		ServiceResult:      code,
+		ServiceDiagnostics: &ua.DiagnosticInfo{},
+		AdditionalHeader:   ua.NewExtensionObject(nil),
+	}}
+}
+
+// Fail answers request reqID with resp and closes the channel with an ERR
+// message carrying code once every response queued so far is written. The
+// reader stops reading; later responses are dropped. It never blocks.
+func (c *Channel) Fail(reqID uint32, resp ua.Response, code ua.StatusCode) {
+	c.mu.Lock()
+	if c.closed {
+		c.stats.Dropped++
+		c.release(1)
+		c.mu.Unlock()
+		return
+	}
+	c.queue = append(c.queue, outgoing{reqID, resp})
+	if c.failed == 0 {
+		c.failed = code
+	}
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// failing reports whether Fail was called.
+func (c *Channel) failing() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.failed != 0
 }
 
 // waitForRoom blocks while HighMark or more responses are pending, until the
@@ -217,9 +319,10 @@ func (c *Channel) waitForRoom(ctx context.Context) error {
 
 // Respond queues the response to request reqID for the writer. It never
 // blocks. Every request passed to the handler must be answered exactly once.
+// After Fail, responses are dropped.
 func (c *Channel) Respond(reqID uint32, resp ua.Response) {
 	c.mu.Lock()
-	if c.closed {
+	if c.closed || c.failed != 0 {
 		c.stats.Dropped++
 		c.release(1)
 		c.mu.Unlock()
@@ -254,6 +357,17 @@ func (c *Channel) release(n int) {
 }
 
 func (c *Channel) writeLoop(ctx context.Context) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.log.Error("panic in channel writer: closing the channel", "panic", p, "stack", string(debug.Stack()))
+			if c.opts.OnPanic != nil {
+				c.opts.OnPanic()
+			}
+			_ = c.t.Abort(ua.StatusBadInternalError)
+			c.close()
+			c.dropQueued()
+		}
+	}()
 	var batch []outgoing
 	for {
 		select {
@@ -282,6 +396,16 @@ func (c *Channel) writeLoop(ctx context.Context) {
 			c.mu.Unlock()
 		}
 		clear(batch)
+		c.mu.Lock()
+		code, drained := c.failed, len(c.queue) == 0
+		c.mu.Unlock()
+		if code != 0 && drained {
+			// Fail: everything queued before it is written.
+			_ = c.t.Abort(code)
+			c.close()
+			c.dropQueued()
+			return
+		}
 	}
 }
 

@@ -1,16 +1,21 @@
 package channel
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
-	"github.com/gopcua/opcua/uasc"
+
+	"github.com/opcua-chaos/opcua-chaos/server/internal/uabin"
 )
 
 // IDs are the identifiers a server assigns to a new secure channel.
@@ -20,124 +25,686 @@ type IDs struct {
 	TokenID         uint32
 }
 
-// SecureTransport is a Transport over gopcua's uacp/uasc packages with
-// SecurityPolicy None.
-type SecureTransport struct {
-	conn *uacp.Conn
-	sc   *uasc.SecureChannel
-	// EndpointURL is the endpoint URL the client sent in its Hello message.
-	EndpointURL string
-	// MaxResponseSize is the largest message the client accepts: its
-	// receive buffer size, or its max message size if smaller and not 0.
-	// uasc writes a response as one chunk, so no response may exceed it.
-	MaxResponseSize int
+// Defaults of Limits.
+const (
+	DefaultBufSize        = 0xffff  // receive and send buffer (gopcua's)
+	DefaultMaxMessageSize = 2 << 20 // largest request, 2 MiB (gopcua's)
+	DefaultMaxChunkCount  = 512     // most chunks of one request (gopcua's)
+	// MinBufSize is the smallest buffer a peer may announce (Part 6,
+	// 7.1.2.3: at least 8192 bytes).
+	MinBufSize = 8192
+	// maxEndpointURL bounds the Hello's EndpointUrl (Part 6, 7.1.2.3).
+	maxEndpointURL = 4096
+)
+
+// Limits bound what one secure channel accepts, buffers and sends. Zero
+// values mean the defaults.
+type Limits struct {
+	// ReceiveBufSize is the largest chunk accepted: the Acknowledge's
+	// ReceiveBufferSize, at most the client's SendBufferSize (65535).
+	ReceiveBufSize uint32
+	// SendBufSize is the largest chunk sent: the Acknowledge's
+	// SendBufferSize, at most the client's ReceiveBufferSize (65535).
+	SendBufSize uint32
+	// MaxMessageSize bounds one request, all chunks (2 MiB).
+	MaxMessageSize uint32
+	// MaxChunkCount bounds the chunks of one request (512).
+	MaxChunkCount uint32
+	// MaxBufferedChunks bounds the intermediate chunks held for unfinished
+	// requests of the channel, all request ids together (MaxChunkCount).
+	MaxBufferedChunks int
+	// MaxBufferedBytes bounds their bytes (MaxMessageSize).
+	MaxBufferedBytes int
 }
 
-// Accept runs the UACP Hello/Acknowledge handshake on c (which must be a
-// *net.TCPConn) and creates a server secure channel over it. The handshake is
-// bounded by timeout. On error, c is closed.
-func Accept(c net.Conn, ids IDs, timeout time.Duration) (*SecureTransport, error) {
-	tcp, ok := c.(*net.TCPConn)
-	if !ok {
-		c.Close()
-		return nil, fmt.Errorf("channel: %T is not a TCP connection", c)
+func (l Limits) fill() Limits {
+	if l.ReceiveBufSize == 0 {
+		l.ReceiveBufSize = DefaultBufSize
 	}
-	ack := *uacp.DefaultServerACK // per connection: uacp.Conn keeps the pointer
-	conn, err := uacp.NewConn(tcp, &ack)
-	if err != nil {
-		c.Close()
-		return nil, err
+	if l.SendBufSize == 0 {
+		l.SendBufSize = DefaultBufSize
 	}
-	_ = c.SetDeadline(time.Now().Add(timeout))
-	b, err := conn.Receive()
+	l.ReceiveBufSize = max(l.ReceiveBufSize, MinBufSize)
+	l.SendBufSize = max(l.SendBufSize, MinBufSize)
+	if l.MaxMessageSize == 0 {
+		l.MaxMessageSize = DefaultMaxMessageSize
+	}
+	if l.MaxChunkCount == 0 {
+		l.MaxChunkCount = DefaultMaxChunkCount
+	}
+	if l.MaxBufferedChunks <= 0 {
+		l.MaxBufferedChunks = int(l.MaxChunkCount)
+	}
+	if l.MaxBufferedBytes <= 0 {
+		l.MaxBufferedBytes = int(l.MaxMessageSize)
+	}
+	return l
+}
+
+// Config configures Accept.
+type Config struct {
+	// IDs are the channel's identifiers.
+	IDs IDs
+	// HandshakeTimeout bounds the time from accepting the connection to
+	// the end of the first OpenSecureChannel. Zero means no bound (the
+	// unbounded-idle fault).
+	HandshakeTimeout time.Duration
+	// Limits bound the channel.
+	Limits Limits
+	// Decoder checks and decodes requests (see package uabin); nil means a
+	// decoder with default limits.
+	Decoder *uabin.Decoder
+	// Unguarded decodes requests with gopcua's decoder alone, unchecked and
+	// without a recover (the crash-on-decode fault): a malformed request
+	// panics on the channel's reader.
+	Unguarded bool
+	// Logger receives protocol errors; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Frame and header sizes of UA Secure Conversation with SecurityPolicy None.
+const (
+	frameHeaderLen = 8  // message type, chunk type, message size
+	symHeaderLen   = 16 // frame header, secure channel id, token id
+	seqHeaderLen   = 8  // sequence number, request id
+	msgHeaderLen   = symHeaderLen + seqHeaderLen
+	maxSequence    = 4294966271 // wraps to 1 after this (Part 6, 6.7.2.4)
+)
+
+// SecureTransport is a Transport for one secure channel with SecurityPolicy
+// None: UA Connection Protocol framing and UA Secure Conversation chunks
+// over a net.Conn. It replaces gopcua's uasc.SecureChannel on the server
+// side, which buffers unfinished chunks without a bound, keeps a 64 KiB
+// buffer per chunk, writes every response as one chunk whatever the client's
+// receive buffer, and hands message bodies to gopcua's decoder unchecked.
+//
+// Receive is called by one reader goroutine; Send, Abort and Close may be
+// called from other goroutines.
+type SecureTransport struct {
+	// EndpointURL is the endpoint URL the client sent in its Hello message.
+	EndpointURL string
+	// MaxResponseSize is the largest response that fits in one chunk of
+	// the client's receive buffer (and its max message size if smaller):
+	// the budget of a Publish response. Larger responses are sent in
+	// several chunks.
+	MaxResponseSize int
+
+	conn    net.Conn
+	cfg     Config
+	lim     Limits
+	decoder *uabin.Decoder
+	log     *slog.Logger
+
+	// The client's limits from its Hello (0: no limit).
+	peerMaxMessage int
+	peerMaxChunks  int
+	sendChunk      int // largest chunk sent
+
+	// Reader state (Receive only).
+	hdr       [frameHeaderLen]byte
+	rbuf      []byte // one chunk; its contents are copied out
+	open      bool
+	partial   map[uint32]*partialMessage
+	bufChunks int // intermediate chunks held in partial
+	bufBytes  int // their bytes
+
+	sendMu   sync.Mutex // one message at a time: chunks of two never interleave
+	seq      uint32     // last sequence number sent
+	token    uint32     // current security token
+	oldToken uint32     // previous token, accepted until the client uses the new one
+	sendTok  uint32     // token id written in MSG headers
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// partialMessage collects the chunks of one request.
+type partialMessage struct {
+	chunks int
+	data   []byte
+}
+
+// ProtocolError is a transport error answered with an ERR message: the
+// channel is closed.
+type ProtocolError struct {
+	Code ua.StatusCode
+	Err  error
+}
+
+func (e *ProtocolError) Error() string { return fmt.Sprintf("channel: %v (%v)", e.Err, e.Code) }
+
+// Unwrap returns the status code and the cause.
+func (e *ProtocolError) Unwrap() []error { return []error{e.Code, e.Err} }
+
+// Accept runs the UACP Hello/Acknowledge handshake on c and returns the
+// secure channel transport. The handshake deadline stays on the connection
+// until the first OpenSecureChannel is done. On error, c is closed (after an
+// ERR message where the protocol allows).
+func Accept(c net.Conn, cfg Config) (*SecureTransport, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Decoder == nil {
+		cfg.Decoder = uabin.NewDecoder(uabin.Limits{})
+	}
+	lim := cfg.Limits.fill()
+	t := &SecureTransport{
+		conn:    c,
+		cfg:     cfg,
+		lim:     lim,
+		decoder: cfg.Decoder,
+		log:     cfg.Logger,
+		rbuf:    make([]byte, lim.ReceiveBufSize),
+		partial: make(map[uint32]*partialMessage),
+		seq:     cfg.IDs.SequenceNumber - 1,
+	}
+	if cfg.HandshakeTimeout > 0 {
+		_ = c.SetDeadline(time.Now().Add(cfg.HandshakeTimeout))
+	}
+	typ, chunk, body, err := t.readFrame()
 	if err != nil {
-		conn.Close()
+		t.Close()
 		return nil, fmt.Errorf("channel: handshake: %w", err)
 	}
-	if len(b) < 8 || string(b[:4]) != "HELF" {
-		conn.SendError(ua.StatusBadTCPMessageTypeInvalid)
-		conn.Close()
-		return nil, fmt.Errorf("channel: handshake: expected HEL, got %q", b[:min(4, len(b))])
+	if typ != uacp.MessageTypeHello || chunk != 'F' {
+		return nil, t.fail(ua.StatusBadTCPMessageTypeInvalid, fmt.Errorf("handshake: expected HELF, got %q%c", typ, chunk))
 	}
 	hel := new(uacp.Hello)
-	if _, err := hel.Decode(b[8:]); err != nil {
-		conn.SendError(ua.StatusBadTCPInternalError)
-		conn.Close()
-		return nil, fmt.Errorf("channel: handshake: %w", err)
+	if _, err := hel.Decode(body); err != nil {
+		return nil, t.fail(ua.StatusBadDecodingError, fmt.Errorf("handshake: Hello: %w", err))
 	}
-	if err := conn.Send("ACKF", &ack); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("channel: handshake: %w", err)
+	switch {
+	case hel.ReceiveBufSize < MinBufSize || hel.SendBufSize < MinBufSize:
+		return nil, t.fail(ua.StatusBadConnectionRejected, fmt.Errorf("handshake: buffers %d/%d below %d", hel.ReceiveBufSize, hel.SendBufSize, MinBufSize))
+	case len(hel.EndpointURL) > maxEndpointURL:
+		return nil, t.fail(ua.StatusBadTCPEndpointURLInvalid, fmt.Errorf("handshake: endpoint URL of %d bytes", len(hel.EndpointURL)))
 	}
-	_ = c.SetDeadline(time.Time{})
-
-	cfg := &uasc.Config{
-		SecurityPolicyURI: ua.SecurityPolicyURINone,
-		SecurityMode:      ua.MessageSecurityModeNone,
-		Lifetime:          uint32(time.Hour / time.Millisecond),
+	ack := &uacp.Acknowledge{
+		ReceiveBufSize: min(lim.ReceiveBufSize, hel.SendBufSize),
+		SendBufSize:    min(lim.SendBufSize, hel.ReceiveBufSize),
+		MaxMessageSize: lim.MaxMessageSize,
+		MaxChunkCount:  lim.MaxChunkCount,
 	}
-	// uasc reports nothing on errch for server channels; it only must not be nil.
-	errch := make(chan error, 1)
-	sc, err := uasc.NewServerSecureChannel(hel.EndpointURL, conn, cfg, errch, ids.SecureChannelID, ids.SequenceNumber, ids.TokenID)
+	body, err = ua.Encode(ack)
+	if err == nil {
+		err = t.write(frame(uacp.MessageTypeAcknowledge, 'F', body))
+	}
 	if err != nil {
-		conn.Close()
-		return nil, err
+		t.Close()
+		return nil, fmt.Errorf("channel: handshake: %w", err)
 	}
-	limit := int(min(hel.ReceiveBufSize, ack.SendBufSize))
-	if hel.MaxMessageSize > 0 {
-		limit = min(limit, int(hel.MaxMessageSize))
+	t.rbuf = t.rbuf[:ack.ReceiveBufSize]
+	t.EndpointURL = hel.EndpointURL
+	t.sendChunk = int(ack.SendBufSize)
+	t.peerMaxMessage = int(hel.MaxMessageSize)
+	t.peerMaxChunks = int(hel.MaxChunkCount)
+	t.MaxResponseSize = t.sendChunk
+	if t.peerMaxMessage > 0 {
+		t.MaxResponseSize = min(t.MaxResponseSize, t.peerMaxMessage)
 	}
-	return &SecureTransport{conn: conn, sc: sc, EndpointURL: hel.EndpointURL, MaxResponseSize: limit}, nil
+	return t, nil
+}
+
+// frame returns a UACP frame: header and body.
+func frame(typ string, chunk byte, body []byte) []byte {
+	b := make([]byte, frameHeaderLen, frameHeaderLen+len(body))
+	copy(b, typ)
+	b[3] = chunk
+	binary.LittleEndian.PutUint32(b[4:], uint32(frameHeaderLen+len(body)))
+	return append(b, body...)
+}
+
+// write writes b; sendMu must be held unless no other goroutine can write.
+func (t *SecureTransport) write(b []byte) error {
+	_, err := t.conn.Write(b)
+	return err
+}
+
+// readFrame reads one frame into t.rbuf. The body is valid until the next
+// call.
+func (t *SecureTransport) readFrame() (typ string, chunk byte, body []byte, err error) {
+	if _, err := io.ReadFull(t.conn, t.hdr[:]); err != nil {
+		return "", 0, nil, err
+	}
+	typ, chunk = string(t.hdr[:3]), t.hdr[3]
+	size := binary.LittleEndian.Uint32(t.hdr[4:])
+	switch {
+	case size < frameHeaderLen:
+		return "", 0, nil, t.fail(ua.StatusBadTCPMessageTypeInvalid, fmt.Errorf("%s%c of %d bytes", typ, chunk, size))
+	case size > uint32(len(t.rbuf)):
+		return "", 0, nil, t.fail(ua.StatusBadTCPMessageTooLarge, fmt.Errorf("%s%c of %d bytes, receive buffer %d", typ, chunk, size, len(t.rbuf)))
+	}
+	body = t.rbuf[:size-frameHeaderLen]
+	if _, err := io.ReadFull(t.conn, body); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return "", 0, nil, err
+	}
+	return typ, chunk, body, nil
+}
+
+// fail sends an ERR message with code, closes the connection and returns
+// the error.
+func (t *SecureTransport) fail(code ua.StatusCode, err error) error {
+	t.log.Debug("closing channel: protocol error", "code", code, "err", err)
+	_ = t.Abort(code)
+	return &ProtocolError{Code: code, Err: err}
+}
+
+// reader reads the fixed parts of a chunk.
+type reader struct {
+	b   []byte
+	err bool
+}
+
+func (r *reader) u32() uint32 {
+	if len(r.b) < 4 {
+		r.err = true
+		return 0
+	}
+	v := binary.LittleEndian.Uint32(r.b)
+	r.b = r.b[4:]
+	return v
+}
+
+// bytes reads a ByteString or String (null is -1).
+func (r *reader) bytes() []byte {
+	n := int32(r.u32())
+	if n < -1 || int(n) > len(r.b) {
+		r.err = true
+		return nil
+	}
+	if n <= 0 {
+		return nil
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
 }
 
 // Receive returns the next service request. OpenSecureChannel requests are
-// answered by uasc itself and skipped; aborted chunked messages are skipped.
+// answered here; abort chunks discard their request; a CloseSecureChannel
+// request ends the channel (io.EOF). A request that arrived completely but
+// cannot be decoded is returned with Err set. Protocol violations (bad
+// framing, unknown channel or token, too many or too large chunks) are
+// answered with an ERR message and return a *ProtocolError; the connection
+// is then closed.
 func (t *SecureTransport) Receive(ctx context.Context) (Message, error) {
 	for {
-		msg := t.sc.Receive(ctx)
-		if msg.Err != nil {
-			if errors.Is(msg.Err, io.EOF) {
-				return Message{}, io.EOF
-			}
-			if msg.RequestID == 0 {
-				return Message{}, msg.Err // transport error: the stream is lost
-			}
-			var code ua.StatusCode
-			if errors.As(msg.Err, &code) {
-				continue // MSGA abort chunk: the peer gave up on one request
-			}
-			// The whole message was read but could not be decoded (or was
-			// too large): answer it and keep the channel.
-			return Message{RequestID: msg.RequestID, Err: msg.Err}, nil
+		typ, chunk, body, err := t.readFrame()
+		if err != nil {
+			return Message{}, err
 		}
-		req := msg.Request()
-		if req == nil {
-			continue // OpenSecureChannel, handled by uasc
+		switch typ {
+		case "OPN":
+			if err := t.openSecureChannel(chunk, body); err != nil {
+				return Message{}, err
+			}
+		case "CLO":
+			return Message{}, io.EOF
+		case "MSG":
+			msg, ok, err := t.message(chunk, body)
+			if err != nil {
+				return Message{}, err
+			}
+			if ok {
+				return msg, nil
+			}
+		default:
+			return Message{}, t.fail(ua.StatusBadTCPMessageTypeInvalid, fmt.Errorf("message type %q", typ))
 		}
-		return Message{RequestID: msg.RequestID, Request: req}, nil
 	}
 }
 
-// Send writes one response.
-func (t *SecureTransport) Send(ctx context.Context, reqID uint32, resp ua.Response) error {
-	return t.sc.SendResponseWithContext(ctx, reqID, resp)
+// openSecureChannel serves an OpenSecureChannel request (Issue or Renew).
+func (t *SecureTransport) openSecureChannel(chunk byte, body []byte) error {
+	if chunk != 'F' {
+		return t.fail(ua.StatusBadTCPMessageTypeInvalid, fmt.Errorf("OPN%c", chunk))
+	}
+	r := reader{b: body}
+	chID := r.u32()
+	policy := r.bytes()
+	_ = r.bytes() // sender certificate
+	_ = r.bytes() // receiver certificate thumbprint
+	_ = r.u32()   // sequence number
+	reqID := r.u32()
+	if r.err {
+		return t.fail(ua.StatusBadDecodingError, errors.New("OPN header"))
+	}
+	if string(policy) != ua.SecurityPolicyURINone {
+		return t.fail(ua.StatusBadSecurityPolicyRejected, fmt.Errorf("security policy %q", policy))
+	}
+	v, err := t.decode(bytes.Clone(r.b))
+	if err != nil {
+		return t.fail(ua.StatusBadDecodingError, fmt.Errorf("OpenSecureChannel: %w", err))
+	}
+	req, ok := v.(*ua.OpenSecureChannelRequest)
+	if !ok {
+		return t.fail(ua.StatusBadTCPMessageTypeInvalid, fmt.Errorf("OPN carries %T", v))
+	}
+	if req.SecurityMode != ua.MessageSecurityModeNone {
+		return t.fail(ua.StatusBadSecurityModeRejected, fmt.Errorf("security mode %v", req.SecurityMode))
+	}
+	t.sendMu.Lock()
+	defer t.sendMu.Unlock()
+	switch req.RequestType {
+	case ua.SecurityTokenRequestTypeIssue:
+		if t.open {
+			return t.failLocked(ua.StatusBadRequestTypeInvalid, errors.New("second OpenSecureChannel Issue"))
+		}
+		t.token = t.cfg.IDs.TokenID
+		t.sendTok = t.token
+	case ua.SecurityTokenRequestTypeRenew:
+		if !t.open || chID != t.cfg.IDs.SecureChannelID {
+			return t.failLocked(ua.StatusBadTCPSecureChannelUnknown, fmt.Errorf("Renew of channel %d", chID))
+		}
+		t.oldToken = t.token
+		if t.token++; t.token == 0 {
+			t.token = 1
+		}
+	default:
+		return t.failLocked(ua.StatusBadRequestTypeInvalid, fmt.Errorf("request type %v", req.RequestType))
+	}
+	lifetime := req.RequestedLifetime
+	if lifetime == 0 || lifetime > uint32(time.Hour/time.Millisecond) {
+		lifetime = uint32(time.Hour / time.Millisecond)
+	}
+	lifetime = max(lifetime, 10_000)
+	now := time.Now()
+	resp := &ua.OpenSecureChannelResponse{
+		ResponseHeader: &ua.ResponseHeader{
+			Timestamp:          now,
+			RequestHandle:      req.RequestHeader.RequestHandle,
+			ServiceDiagnostics: &ua.DiagnosticInfo{},
+			AdditionalHeader:   ua.NewExtensionObject(nil),
+		},
+		SecurityToken: &ua.ChannelSecurityToken{
+			ChannelID:       t.cfg.IDs.SecureChannelID,
+			TokenID:         t.token,
+			CreatedAt:       now,
+			RevisedLifetime: lifetime,
+		},
+		ServerNonce: []byte{},
+	}
+	payload, err := encodeService(resp)
+	if err != nil {
+		return t.failLocked(ua.StatusBadTCPInternalError, err)
+	}
+	// OPN chunk: channel id, asymmetric header (policy URI, no
+	// certificate, no thumbprint), sequence header, body.
+	b := binary.LittleEndian.AppendUint32(nil, t.cfg.IDs.SecureChannelID)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(ua.SecurityPolicyURINone)))
+	b = append(b, ua.SecurityPolicyURINone...)
+	b = binary.LittleEndian.AppendUint32(b, 0xffffffff)
+	b = binary.LittleEndian.AppendUint32(b, 0xffffffff)
+	b = binary.LittleEndian.AppendUint32(b, t.nextSeq())
+	b = binary.LittleEndian.AppendUint32(b, reqID)
+	b = append(b, payload...)
+	if err := t.write(frame("OPN", 'F', b)); err != nil {
+		return err
+	}
+	t.log.Debug("security token issued", "type", req.RequestType, "token", t.token, "lifetime_ms", lifetime)
+	if !t.open {
+		t.open = true
+		// The handshake is over: the connection may idle now.
+		_ = t.conn.SetDeadline(time.Time{})
+	}
+	return nil
 }
 
-// Abort sends an ERR message with code and closes the connection.
-func (t *SecureTransport) Abort(code ua.StatusCode) error {
-	_ = t.conn.SetWriteDeadline(time.Now().Add(time.Second))
-	t.conn.SendError(code)
-	return t.conn.Close()
+// message handles a MSG chunk. It returns ok when a request is complete.
+func (t *SecureTransport) message(chunk byte, body []byte) (Message, bool, error) {
+	if !t.open {
+		return Message{}, false, t.fail(ua.StatusBadTCPSecureChannelUnknown, errors.New("MSG before OpenSecureChannel"))
+	}
+	if len(body) < msgHeaderLen-frameHeaderLen {
+		return Message{}, false, t.fail(ua.StatusBadDecodingError, fmt.Errorf("MSG%c of %d bytes: no header", chunk, len(body)+frameHeaderLen))
+	}
+	r := reader{b: body}
+	chID, token := r.u32(), r.u32()
+	_, reqID := r.u32(), r.u32() // sequence number, request id
+	data := r.b
+	if chID != t.cfg.IDs.SecureChannelID {
+		return Message{}, false, t.fail(ua.StatusBadTCPSecureChannelUnknown, fmt.Errorf("secure channel %d", chID))
+	}
+	if err := t.checkToken(token); err != nil {
+		return Message{}, false, err
+	}
+	p := t.partial[reqID]
+	switch chunk {
+	case 'A':
+		// The client gave up on this request.
+		t.drop(reqID, p)
+		return Message{}, false, nil
+	case 'C':
+		if p == nil {
+			p = &partialMessage{}
+			t.partial[reqID] = p
+		}
+		if err := t.checkSize(reqID, p, len(data), true); err != nil {
+			return Message{}, false, err
+		}
+		if t.bufChunks+1 > t.lim.MaxBufferedChunks || t.bufBytes+len(data) > t.lim.MaxBufferedBytes {
+			return Message{}, false, t.fail(ua.StatusBadTCPMessageTooLarge, fmt.Errorf("more than %d chunks or %d bytes of unfinished requests (%d requests)", t.lim.MaxBufferedChunks, t.lim.MaxBufferedBytes, len(t.partial)))
+		}
+		p.chunks++
+		p.data = append(p.data, data...)
+		t.bufChunks++
+		t.bufBytes += len(data)
+		return Message{}, false, nil
+	case 'F':
+		var msg []byte
+		if p != nil {
+			if err := t.checkSize(reqID, p, len(data), false); err != nil {
+				return Message{}, false, err
+			}
+			msg = append(p.data, data...)
+			t.drop(reqID, p)
+		} else {
+			// A copy: rbuf is reused, and decoded ByteStrings point into
+			// the message.
+			msg = bytes.Clone(data)
+		}
+		return t.request(reqID, msg), true, nil
+	}
+	return Message{}, false, t.fail(ua.StatusBadTCPMessageTypeInvalid, fmt.Errorf("chunk type %q", chunk))
 }
 
-// Close closes the connection. (uasc's SecureChannel.Close would try to send
-// a CloseSecureChannel request, which is a client's job.)
-func (t *SecureTransport) Close() error {
-	err := t.conn.Close()
-	if errors.Is(err, io.EOF) {
+// checkToken accepts the current token, and the previous one until the
+// client uses the current one.
+func (t *SecureTransport) checkToken(token uint32) error {
+	t.sendMu.Lock()
+	defer t.sendMu.Unlock()
+	switch {
+	case token == t.token:
+		// Once the client uses the new token, the old one is retired.
+		t.sendTok, t.oldToken = token, 0
+		return nil
+	case token == t.oldToken && t.oldToken != 0:
 		return nil
 	}
-	return err
+	return t.failLocked(ua.StatusBadSecureChannelTokenUnknown, fmt.Errorf("token %d", token))
+}
+
+// checkSize refuses a chunk of n bytes that would make request reqID
+// exceed the message size or chunk count limits (an intermediate chunk
+// still needs a final one after it).
+func (t *SecureTransport) checkSize(reqID uint32, p *partialMessage, n int, intermediate bool) error {
+	chunks := p.chunks + 1
+	if intermediate {
+		chunks++
+	}
+	if chunks > int(t.lim.MaxChunkCount) || len(p.data)+n > int(t.lim.MaxMessageSize) {
+		return t.fail(ua.StatusBadRequestTooLarge, fmt.Errorf("request %d: more than %d chunks or %d bytes", reqID, t.lim.MaxChunkCount, t.lim.MaxMessageSize))
+	}
+	return nil
+}
+
+// drop forgets the unfinished request reqID.
+func (t *SecureTransport) drop(reqID uint32, p *partialMessage) {
+	if p == nil {
+		return
+	}
+	t.bufChunks -= p.chunks
+	t.bufBytes -= len(p.data)
+	delete(t.partial, reqID)
+}
+
+// decode decodes a service message body.
+func (t *SecureTransport) decode(b []byte) (any, error) {
+	if t.cfg.Unguarded {
+		// Fault crash-on-decode: gopcua's decoder on its own. A negative
+		// Variant array length panics here, on the channel's reader.
+		_, v, err := ua.DecodeService(b)
+		return v, err
+	}
+	return t.decoder.DecodeService(b)
+}
+
+// request decodes a complete request message.
+func (t *SecureTransport) request(reqID uint32, b []byte) Message {
+	v, err := t.decode(b)
+	if err == nil {
+		switch r := v.(type) {
+		case *ua.OpenSecureChannelRequest, *ua.CloseSecureChannelRequest:
+			err = fmt.Errorf("%T in a MSG chunk: %w", r, ua.StatusBadServiceUnsupported)
+		case ua.Request:
+			return Message{RequestID: reqID, Request: r}
+		default:
+			err = fmt.Errorf("%T is not a request: %w", r, ua.StatusBadServiceUnsupported)
+		}
+	}
+	msg := Message{RequestID: reqID, Err: err}
+	if h, herr := t.decoder.DecodeRequestHeader(b); herr == nil {
+		msg.Handle = h.RequestHandle
+	}
+	return msg
+}
+
+// encodeService encodes a service structure with its four-byte type id.
+func encodeService(v any) (b []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("channel: panic encoding %T: %v", v, p)
+		}
+	}()
+	typeID := ua.ServiceTypeID(v)
+	if typeID == 0 {
+		return nil, fmt.Errorf("channel: %T is not a service", v)
+	}
+	b = []byte{byte(ua.NodeIDTypeFourByte), 0, byte(typeID), byte(typeID >> 8)}
+	body, err := ua.Encode(v)
+	if err != nil {
+		return nil, fmt.Errorf("channel: encode %T: %w", v, err)
+	}
+	return append(b, body...), nil
+}
+
+// Send writes one response, in chunks that fit the client's receive buffer.
+// A response above the client's max message size or chunk count is
+// replaced by a ServiceFault BadResponseTooLarge.
+func (t *SecureTransport) Send(ctx context.Context, reqID uint32, resp ua.Response) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	body, err := encodeService(resp)
+	if err != nil {
+		t.log.Error("cannot encode response", "request_id", reqID, "err", err)
+		body = t.faultBody(resp, ua.StatusBadInternalError)
+	}
+	maxBody := t.sendChunk - msgHeaderLen
+	chunks := max(1, (len(body)+maxBody-1)/maxBody)
+	if (t.peerMaxMessage > 0 && len(body) > t.peerMaxMessage) || (t.peerMaxChunks > 0 && chunks > t.peerMaxChunks) {
+		t.log.Info("response too large for the client", "request_id", reqID, "type", fmt.Sprintf("%T", resp),
+			"bytes", len(body), "chunks", chunks, "max_message", t.peerMaxMessage, "max_chunks", t.peerMaxChunks)
+		body = t.faultBody(resp, ua.StatusBadResponseTooLarge)
+		chunks = 1
+	}
+	t.sendMu.Lock()
+	defer t.sendMu.Unlock()
+	b := make([]byte, 0, len(body)+chunks*msgHeaderLen)
+	for i := range chunks {
+		part := body[i*maxBody : min(len(body), (i+1)*maxBody)]
+		kind := byte('C')
+		if i == chunks-1 {
+			kind = 'F'
+		}
+		b = append(b, "MSG"...)
+		b = append(b, kind)
+		b = binary.LittleEndian.AppendUint32(b, uint32(msgHeaderLen+len(part)))
+		b = binary.LittleEndian.AppendUint32(b, t.cfg.IDs.SecureChannelID)
+		b = binary.LittleEndian.AppendUint32(b, t.sendTok)
+		b = binary.LittleEndian.AppendUint32(b, t.nextSeq())
+		b = binary.LittleEndian.AppendUint32(b, reqID)
+		b = append(b, part...)
+	}
+	return t.write(b)
+}
+
+// faultBody encodes a ServiceFault with code answering the request resp
+// answers.
+func (t *SecureTransport) faultBody(resp ua.Response, code ua.StatusCode) []byte {
+	var handle uint32
+	if resp != nil {
+		if h := resp.Header(); h != nil {
+			handle = h.RequestHandle
+		}
+	}
+	b, err := encodeService(&ua.ServiceFault{ResponseHeader: &ua.ResponseHeader{
+		Timestamp:          time.Now(),
+		RequestHandle:      handle,
+		ServiceResult:      code,
+		ServiceDiagnostics: &ua.DiagnosticInfo{},
+		AdditionalHeader:   ua.NewExtensionObject(nil),
+	}})
+	if err != nil {
+		panic(err) // a ServiceFault always encodes
+	}
+	return b
+}
+
+// nextSeq returns the next sequence number; sendMu held.
+func (t *SecureTransport) nextSeq() uint32 {
+	if t.seq++; t.seq > maxSequence || t.seq == 0 {
+		t.seq = 1
+	}
+	return t.seq
+}
+
+// Abort sends an ERR message with code and closes the connection. If a
+// response is being written (to a peer that does not read), it closes
+// without the ERR message rather than wait.
+func (t *SecureTransport) Abort(code ua.StatusCode) error {
+	if t.sendMu.TryLock() {
+		t.abortLocked(code)
+		t.sendMu.Unlock()
+	}
+	return t.Close()
+}
+
+// failLocked is fail with sendMu held.
+func (t *SecureTransport) failLocked(code ua.StatusCode, err error) error {
+	t.log.Debug("closing channel: protocol error", "code", code, "err", err)
+	t.abortLocked(code)
+	_ = t.Close()
+	return &ProtocolError{Code: code, Err: err}
+}
+
+// abortLocked writes an ERR message; sendMu held.
+func (t *SecureTransport) abortLocked(code ua.StatusCode) {
+	body, err := ua.Encode(&uacp.Error{ErrorCode: uint32(code), Reason: code.Error()})
+	if err != nil {
+		return
+	}
+	_ = t.conn.SetWriteDeadline(time.Now().Add(time.Second))
+	_ = t.write(frame(uacp.MessageTypeError, 'F', body))
+}
+
+// Close closes the connection.
+func (t *SecureTransport) Close() error {
+	t.closeOnce.Do(func() { t.closeErr = t.conn.Close() })
+	return t.closeErr
 }
 
 // RemoteAddr returns the peer's address.

@@ -27,6 +27,8 @@ type Session struct {
 
 	key      string
 	lastSeen atomic.Int64 // unix nanos
+	created  time.Time
+	m        *Manager
 
 	mu        sync.Mutex
 	activated bool
@@ -68,14 +70,19 @@ func (s *Session) ServerNonce() []byte {
 func (s *Session) Activate(user string, channelID uint32, nonce []byte) (next []byte, ok bool) {
 	next = newNonce()
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if !bytes.Equal(nonce, s.nonce) {
+		s.mu.Unlock()
 		return nil, false
 	}
+	first := !s.activated
 	s.activated = true
 	s.user = user
 	s.channelID = channelID
 	s.nonce = next
+	s.mu.Unlock()
+	if first && s.m != nil {
+		s.m.activated(s)
+	}
 	return bytes.Clone(next), true
 }
 
@@ -130,28 +137,41 @@ type Limits struct {
 	MaxTimeout     time.Duration // default 1 h
 	DefaultTimeout time.Duration // used when the client asks for 0; default 60 s
 	MaxSessions    int           // default 1000
+	// MaxUnactivated bounds sessions created but never activated; default
+	// MaxSessions/2, so that sessions nobody activates cannot take every
+	// slot.
+	MaxUnactivated int
+	// UnactivatedTimeout closes a session not activated within it after
+	// its creation (whatever its session timeout); default 30 s.
+	UnactivatedTimeout time.Duration
 }
 
 // Counts are the manager's diagnostics.
 type Counts struct {
-	Current   int
-	Cumulated int64
-	Timeouts  int64
-	Rejected  int64 // CreateSession refused (too many sessions)
-	Closed    int64 // closed by CloseSession
+	Current     int
+	Cumulated   int64
+	Timeouts    int64 // timed out, unactivated ones included
+	Rejected    int64 // CreateSession refused (too many sessions, or unactivated ones)
+	Closed      int64 // closed by CloseSession
+	Unactivated int   // created, not yet activated
+	// UnactivatedExpired counts sessions closed because they were not
+	// activated in time (also counted in Timeouts).
+	UnactivatedExpired int64
 }
 
 // Manager holds all sessions of a server.
 type Manager struct {
 	lim Limits
 
-	mu        sync.Mutex
-	byKey     map[string]*Session
-	nextID    uint32
-	cumulated int64
-	timeouts  int64
-	rejected  int64
-	closed    int64
+	mu          sync.Mutex
+	byKey       map[string]*Session
+	unactivated map[*Session]struct{}
+	nextID      uint32
+	cumulated   int64
+	timeouts    int64
+	rejected    int64
+	closed      int64
+	unactExpire int64
 }
 
 // NewManager returns an empty manager.
@@ -168,12 +188,18 @@ func NewManager(lim Limits) *Manager {
 	if lim.MaxSessions <= 0 {
 		lim.MaxSessions = 1000
 	}
-	return &Manager{lim: lim, byKey: make(map[string]*Session)}
+	if lim.MaxUnactivated <= 0 {
+		lim.MaxUnactivated = max(1, lim.MaxSessions/2)
+	}
+	if lim.UnactivatedTimeout <= 0 {
+		lim.UnactivatedTimeout = 30 * time.Second
+	}
+	return &Manager{lim: lim, byKey: make(map[string]*Session), unactivated: make(map[*Session]struct{})}
 }
 
 // Create creates an unactivated session with the requested timeout (revised
 // into the limits) and its first server nonce. It returns nil when
-// MaxSessions sessions exist.
+// MaxSessions sessions, or MaxUnactivated unactivated ones, exist.
 func (m *Manager) Create(name string, requested time.Duration, now time.Time) *Session {
 	switch {
 	case requested <= 0:
@@ -186,20 +212,34 @@ func (m *Manager) Create(name string, requested time.Duration, now time.Time) *S
 	tok := make([]byte, 32)
 	_, _ = rand.Read(tok) // never fails (crypto/rand)
 	token := ua.NewByteStringNodeID(0, tok)
-	s := &Session{Token: token, Name: name, Timeout: requested, key: token.String(), nonce: newNonce()}
+	s := &Session{Token: token, Name: name, Timeout: requested, key: token.String(), created: now, m: m, nonce: newNonce()}
 	s.Touch(now)
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(m.byKey) >= m.lim.MaxSessions {
+	if len(m.byKey) >= m.lim.MaxSessions || len(m.unactivated) >= m.lim.MaxUnactivated {
 		m.rejected++
 		return nil
 	}
 	m.nextID++
 	s.ID = ua.NewNumericNodeID(1, 1_000_000+m.nextID)
 	m.byKey[s.key] = s
+	m.unactivated[s] = struct{}{}
 	m.cumulated++
 	return s
+}
+
+// activated records the first activation of s.
+func (m *Manager) activated(s *Session) {
+	m.mu.Lock()
+	delete(m.unactivated, s)
+	m.mu.Unlock()
+}
+
+// remove deletes s from the maps; m.mu held.
+func (m *Manager) remove(s *Session) {
+	delete(m.byKey, s.key)
+	delete(m.unactivated, s)
 }
 
 // Lookup returns the session for an authentication token, or nil.
@@ -222,7 +262,7 @@ func (m *Manager) Close(token *ua.NodeID) (*Session, bool) {
 	m.mu.Lock()
 	s := m.byKey[key]
 	if s != nil {
-		delete(m.byKey, key)
+		m.remove(s)
 		m.closed++
 	}
 	m.mu.Unlock()
@@ -233,14 +273,23 @@ func (m *Manager) Close(token *ua.NodeID) (*Session, bool) {
 	return s, true
 }
 
-// Expire closes every session idle for longer than its timeout and returns
-// them.
+// Expire closes every session idle for longer than its timeout, and every
+// session not activated within UnactivatedTimeout of its creation, and
+// returns them.
 func (m *Manager) Expire(now time.Time) []*Session {
 	var out []*Session
 	m.mu.Lock()
-	for k, s := range m.byKey {
+	for s := range m.unactivated {
+		if now.Sub(s.created) > m.lim.UnactivatedTimeout {
+			m.remove(s)
+			m.timeouts++
+			m.unactExpire++
+			out = append(out, s)
+		}
+	}
+	for _, s := range m.byKey {
 		if now.Sub(time.Unix(0, s.lastSeen.Load())) > s.Timeout {
-			delete(m.byKey, k)
+			m.remove(s)
 			m.timeouts++
 			out = append(out, s)
 		}
@@ -256,8 +305,8 @@ func (m *Manager) Expire(now time.Time) []*Session {
 func (m *Manager) CloseAll() {
 	m.mu.Lock()
 	all := make([]*Session, 0, len(m.byKey))
-	for k, s := range m.byKey {
-		delete(m.byKey, k)
+	for _, s := range m.byKey {
+		m.remove(s)
 		all = append(all, s)
 	}
 	m.mu.Unlock()
@@ -270,11 +319,12 @@ func (m *Manager) CloseAll() {
 func (m *Manager) Counts() Counts {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return Counts{Current: len(m.byKey), Cumulated: m.cumulated, Timeouts: m.timeouts, Rejected: m.rejected, Closed: m.closed}
+	return Counts{Current: len(m.byKey), Cumulated: m.cumulated, Timeouts: m.timeouts, Rejected: m.rejected, Closed: m.closed,
+		Unactivated: len(m.unactivated), UnactivatedExpired: m.unactExpire}
 }
 
 // SweepInterval is how often Expire should run for timeouts to be enforced
 // within about a quarter of the smallest timeout.
 func (m *Manager) SweepInterval() time.Duration {
-	return max(m.lim.MinTimeout/4, 10*time.Millisecond)
+	return max(min(m.lim.MinTimeout, m.lim.UnactivatedTimeout)/4, 10*time.Millisecond)
 }

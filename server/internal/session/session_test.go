@@ -89,3 +89,32 @@ func TestTimeoutRevision(t *testing.T) {
 		}
 	}
 }
+
+// TestUnactivatedSessionsBounded: sessions nobody activates are bounded in
+// number and closed after UnactivatedTimeout; activated ones are not.
+func TestUnactivatedSessionsBounded(t *testing.T) {
+	m := NewManager(Limits{MaxSessions: 10, MaxUnactivated: 2, UnactivatedTimeout: time.Second})
+	now := time.Now()
+	a := m.Create("a", time.Hour, now)
+	b := m.Create("b", time.Hour, now)
+	if m.Create("c", time.Hour, now) != nil {
+		t.Fatal("a third unactivated session was created")
+	}
+	a.Activate("", 1, a.ServerNonce())
+	c := m.Create("c", time.Hour, now.Add(500*time.Millisecond))
+	if c == nil {
+		t.Fatal("activating a did not free a slot")
+	}
+	// After 1.2 s: b (created at 0) expires, c (at 0.5 s) and a (activated) stay.
+	exp := m.Expire(now.Add(1200 * time.Millisecond))
+	if len(exp) != 1 || exp[0] != b || !b.Closed() {
+		t.Fatalf("expired %v, want b only", exp)
+	}
+	cnt := m.Counts()
+	if cnt.Current != 2 || cnt.Unactivated != 1 || cnt.UnactivatedExpired != 1 || cnt.Rejected != 1 {
+		t.Errorf("counts %+v", cnt)
+	}
+	if _, ok := m.Close(c.Token); !ok || m.Counts().Unactivated != 0 {
+		t.Errorf("closing c: counts %+v", m.Counts())
+	}
+}

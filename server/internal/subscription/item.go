@@ -24,6 +24,7 @@ type MonitoredItem struct {
 	mode         ua.MonitoringMode
 
 	mu            sync.Mutex // guards the fields below (sampler vs publisher)
+	active        bool       // sampled: false while disabled and once deleted
 	handle        uint32     // copy of clientHandle for the sampler path
 	ts            ua.TimestampsToReturn
 	trigger       ua.DataChangeTrigger
@@ -48,7 +49,9 @@ func (it *MonitoredItem) Stats() (samples, queued, discarded int64) {
 }
 
 // Sample implements Target: read the value and queue it if the trigger says
-// it changed.
+// it changed. The value is read without it.mu held (reading may take other
+// locks); a sample that arrives after the item was disabled or deleted is
+// dropped.
 func (it *MonitoredItem) Sample(t SampleTime) {
 	dv := it.read(t) // a fresh value the item now owns
 	if dv == nil {
@@ -56,6 +59,9 @@ func (it *MonitoredItem) Sample(t SampleTime) {
 	}
 	it.mu.Lock()
 	defer it.mu.Unlock()
+	if !it.active {
+		return
+	}
 	it.samples++
 	if it.hasLast && !changed(&it.last, dv, it.trigger) {
 		return
@@ -150,11 +156,19 @@ func (it *MonitoredItem) pending() int {
 	return it.n
 }
 
-// clear drops the queued values and forgets the last value, so the next
-// sample is reported (used when the item is disabled).
+// setActive starts (true) or stops taking samples.
+func (it *MonitoredItem) setActive(on bool) {
+	it.mu.Lock()
+	it.active = on
+	it.mu.Unlock()
+}
+
+// clear stops taking samples, drops the queued values and forgets the last
+// value, so the next sample is reported (used when the item is disabled).
 func (it *MonitoredItem) clear() {
 	it.mu.Lock()
 	defer it.mu.Unlock()
+	it.active = false
 	for it.n > 0 {
 		it.buf[it.head] = nil
 		it.head = (it.head + 1) % len(it.buf)

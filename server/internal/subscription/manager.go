@@ -37,7 +37,7 @@ const (
 	DefaultMaxKeepAliveCount     = 100_000
 	DefaultMaxLifetime           = 2 * time.Hour
 	DefaultMaxQueueSize          = 10_000
-	DefaultMaxResponseBytes      = 0xffff // gopcua's receive buffer; it writes a response as one chunk
+	DefaultMaxResponseBytes      = 0xffff // gopcua's receive buffer: one chunk
 	DefaultMaxPublishRequests    = 100
 	DefaultMaxRetransmit         = 256
 	DefaultMaxSubscriptions      = 1000

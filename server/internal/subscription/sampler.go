@@ -3,6 +3,7 @@ package subscription
 import (
 	"context"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 )
@@ -193,6 +194,18 @@ func (s *Sampler) Stats() (groups []GroupStats, total GroupStats) {
 	return groups, total
 }
 
+// sample takes one sample of t. A target that panics is logged and no
+// longer sampled; the group goes on.
+func (s *Sampler) sample(g *group, t Target, st SampleTime) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error("panic while sampling: target removed", "interval", g.interval, "panic", p, "stack", string(debug.Stack()))
+			s.Remove(t, g.interval)
+		}
+	}()
+	t.Sample(st)
+}
+
 // NextDeadline returns the grid deadline that follows a cycle which was due
 // at deadline and started at now: deadline + interval, or, when the cycle
 // started an interval or more late, the first grid point after now. It also
@@ -209,6 +222,7 @@ func NextDeadline(t0, interval, deadline, now time.Duration) (next time.Duration
 
 func (s *Sampler) run(ctx context.Context, g *group) {
 	deadline := g.t0 + g.interval
+	var targets []Target // this cycle's targets, reused
 	for {
 		now, _, err := s.clock.SleepUntil(ctx, deadline, nil)
 		if err != nil {
@@ -216,11 +230,22 @@ func (s *Sampler) run(ctx context.Context, g *group) {
 		}
 		st := SampleTime{Mono: now, Wall: s.clock.Wall(now), Deadline: deadline}
 		g.mu.Lock()
-		for _, t := range g.targets {
-			t.Sample(st)
+		targets = append(targets[:0], g.targets...)
+		g.mu.Unlock()
+		// Sample without holding any lock of the sampler: a target may
+		// read the sampler's own statistics (the Subscription.* and
+		// Sampling.* diagnostics nodes), and Stats takes the sampler's
+		// and every group's lock. Sampling under g.mu deadlocked the
+		// server as soon as such a node was monitored (issue 14). A
+		// target removed meanwhile may be sampled once more; items
+		// ignore samples once disabled or deleted.
+		for _, t := range targets {
+			s.sample(g, t, st)
 		}
+		clear(targets)
+		g.mu.Lock()
 		g.stats.Cycles++
-		g.stats.Samples += int64(len(g.targets))
+		g.stats.Samples += int64(len(targets))
 		lateness := now - deadline
 		g.stats.MaxLateness = max(g.stats.MaxLateness, lateness)
 		g.mu.Unlock()

@@ -2,6 +2,8 @@ package subscription
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -271,7 +273,7 @@ func BenchmarkSampleCycle1024(b *testing.B) {
 	var items []*MonitoredItem
 	for i := range 1024 {
 		read, _ := ctrs.Resolve(ua.NewStringNodeID(1, SampledCounterPrefix+itoa(i)), ua.AttributeIDValue)
-		items = append(items, &MonitoredItem{read: read, mode: ua.MonitoringModeReporting, ts: ua.TimestampsToReturnBoth, discardOldest: true, buf: make([]*ua.DataValue, 10)})
+		items = append(items, &MonitoredItem{read: read, mode: ua.MonitoringModeReporting, active: true, ts: ua.TimestampsToReturnBoth, discardOldest: true, buf: make([]*ua.DataValue, 10)})
 	}
 	b.ResetTimer()
 	for range b.N {
@@ -280,5 +282,73 @@ func BenchmarkSampleCycle1024(b *testing.B) {
 		for _, it := range items {
 			it.Sample(st)
 		}
+	}
+}
+
+// statsTarget reads its own sampler's statistics in every sample, as a
+// monitored item on ns=1;s=Subscription.Count or Sampling.* does.
+type statsTarget struct {
+	s       *Sampler
+	samples chan struct{}
+}
+
+func (st *statsTarget) Sample(SampleTime) {
+	st.s.Stats()
+	select {
+	case st.samples <- struct{}{}:
+	default:
+	}
+}
+
+// TestSamplingOwnStatsNoDeadlock: a target that reads the sampler's
+// statistics while it is sampled keeps being sampled, and Add, Remove,
+// Stats and Close keep working (issue 14: the group sampled under its lock
+// and Stats took it again).
+func TestSamplingOwnStatsNoDeadlock(t *testing.T) {
+	s := NewSampler(context.Background(), NewRealClock(), false, nil)
+	tgt := &statsTarget{s: s, samples: make(chan struct{}, 1)}
+	s.Add(tgt, time.Millisecond)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 20 {
+			<-tgt.samples
+			other := &statsTarget{s: s, samples: make(chan struct{}, 1)}
+			s.Add(other, time.Duration(1+i%2)*time.Millisecond)
+			s.Stats()
+			s.Remove(other, time.Duration(1+i%2)*time.Millisecond)
+		}
+		s.Remove(tgt, time.Millisecond)
+		s.Close()
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("sampler deadlocked: 20 samples, Add, Remove, Stats and Close did not finish within 5 s")
+	}
+}
+
+// panicTarget panics when sampled.
+type panicTarget struct{}
+
+func (panicTarget) Sample(SampleTime) { panic("sample") }
+
+// TestSamplingPanicRemovesTarget: a target that panics is dropped; the
+// group samples the others on.
+func TestSamplingPanicRemovesTarget(t *testing.T) {
+	s := NewSampler(context.Background(), NewRealClock(), false, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	defer s.Close()
+	ok := &statsTarget{s: s, samples: make(chan struct{}, 1)}
+	s.Add(panicTarget{}, time.Millisecond)
+	s.Add(ok, time.Millisecond)
+	for range 5 {
+		select {
+		case <-ok.samples:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the group stopped sampling after a panic")
+		}
+	}
+	if groups, _ := s.Stats(); len(groups) != 1 || groups[0].Targets != 1 {
+		t.Errorf("groups %+v, want one group with the one good target", groups)
 	}
 }

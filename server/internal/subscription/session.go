@@ -238,6 +238,7 @@ func (s *Session) deleteLocked(sub *Subscription) {
 		if it.mode != ua.MonitoringModeDisabled {
 			s.m.sampler.Remove(it, it.interval)
 		}
+		it.setActive(false)
 	}
 	s.m.items.Add(-int64(len(sub.list)))
 	s.m.subs.Add(-1)
@@ -370,6 +371,7 @@ func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Res
 			trigger:       trigger,
 			discardOldest: c.RequestedParameters.DiscardOldest,
 			buf:           make([]*ua.DataValue, size),
+			active:        c.MonitoringMode != ua.MonitoringModeDisabled,
 		}
 		sub.items[it.id] = it
 		sub.list = append(sub.list, it)
@@ -461,6 +463,7 @@ func (s *Session) DeleteMonitoredItems(r *ua.DeleteMonitoredItemsRequest) ua.Res
 		if it.mode != ua.MonitoringModeDisabled {
 			m.sampler.Remove(it, it.interval)
 		}
+		it.setActive(false)
 	}
 	if len(gone) > 0 {
 		sub.list = slices.DeleteFunc(sub.list, func(it *MonitoredItem) bool { return gone[it] })
@@ -498,6 +501,7 @@ func (s *Session) SetMonitoringMode(r *ua.SetMonitoringModeRequest) ua.Response 
 		it.mode = r.MonitoringMode
 		switch {
 		case was == ua.MonitoringModeDisabled && it.mode != ua.MonitoringModeDisabled:
+			it.setActive(true)
 			it.Sample(st)
 			m.sampler.Add(it, it.interval)
 		case was != ua.MonitoringModeDisabled && it.mode == ua.MonitoringModeDisabled:
