@@ -49,14 +49,11 @@ func runServer(t testing.TB, cfg Config) *testServer {
 	if cfg.Logger == nil {
 		var w io.Writer = io.Discard
 		if os.Getenv("OPCUA_TEST_LOG") != "" {
-			w = tbLogWriter{t}
+			w = testLogWriter{t}
 		}
 		cfg.Logger = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	faults, err := ParseFaults(os.Getenv("OPCUA_TEST_FAULTS"))
-	if err != nil {
-		t.Fatalf("OPCUA_TEST_FAULTS: %v", err)
-	}
+	faults := testFaults(t)
 	for f, on := range cfg.Faults {
 		faults[f] = on
 	}
@@ -74,14 +71,6 @@ func runServer(t testing.TB, cfg Config) *testServer {
 	go func() { ts.done <- srv.Serve(ctx, l) }()
 	t.Cleanup(func() { _, _ = ts.stop(10 * time.Second) })
 	return ts
-}
-
-// tbLogWriter writes log lines to a test's log.
-type tbLogWriter struct{ t testing.TB }
-
-func (w tbLogWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }
 
 // stop cancels the server and waits up to limit for Serve to return. It

@@ -43,41 +43,13 @@ func (w testLogWriter) Write(p []byte) (int, error) {
 // its endpoint URL. Faults from OPCUA_TEST_FAULTS are added to cfg.Faults.
 func startServer(t testing.TB, cfg Config) (string, *Server) {
 	t.Helper()
-	faults := testFaults(t)
-	for f, on := range cfg.Faults {
-		faults[f] = on
-	}
-	cfg.Faults = faults
-	if cfg.Logger == nil {
-		var w io.Writer = testLogWriter{t}
-		if os.Getenv("OPCUA_TEST_LOG") == "" {
-			w = io.Discard
-		}
-		cfg.Logger = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	srv, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, l) }()
+	ts := runServer(t, cfg)
 	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Errorf("server did not stop within 10 s")
+		if _, err := ts.stop(10 * time.Second); err != nil {
+			t.Errorf("Serve: %v", err)
 		}
 	})
-	return "opc.tcp://" + l.Addr().String(), srv
+	return ts.endpoint, ts.Server
 }
 
 // connect opens a client session; it is closed when the test ends.
