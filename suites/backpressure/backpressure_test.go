@@ -16,6 +16,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
+	"github.com/opcua-chaos/opcua-chaos/server"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
@@ -146,7 +147,9 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 	}, SpecTimeout(3*time.Minute))
 
 	for _, cond := range toxics.CI() {
-		Context("under "+cond.Name, spec.Condition(cond.Name), func() {
+		// Under baseline both specs are aimed at a server that never stops
+		// reading and at one that faults the channel when it falls behind.
+		Context("under "+cond.Name, spec.Condition(cond.Name), spec.CatchesUnder(cond, server.FaultNoBackpressure, server.FaultFaultOnOverflow), func() {
 			var e *env.Env
 			BeforeEach(func(ctx SpecContext) {
 				// Both specs read ServerStatus only: the condition is all

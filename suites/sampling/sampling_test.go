@@ -15,6 +15,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/subscribe"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
+	"github.com/opcua-chaos/opcua-chaos/server"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
@@ -76,7 +77,9 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 	}, SpecTimeout(3*time.Minute))
 
 	for _, cond := range toxics.CI() {
-		Context("under "+cond.Name, spec.Condition(cond.Name), func() {
+		// Under baseline both specs are aimed at a sampler that drifts and
+		// at a server that drops Publish requests.
+		Context("under "+cond.Name, spec.Condition(cond.Name), spec.CatchesUnder(cond, server.FaultSamplingDrift, server.FaultPublishDrop), func() {
 			var e *env.Env
 			BeforeEach(func(ctx SpecContext) {
 				// Both specs subscribe to the target's sampled counters.
