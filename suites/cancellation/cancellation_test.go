@@ -506,6 +506,21 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 				mon, err := uaclient.Open(ctx, e.Endpoint)
 				Expect(err).NotTo(HaveOccurred(), "open monitor session")
 				DeferCleanup(func(ctx context.Context) { _ = mon.Close(ctx) }, NodeTimeout(10*time.Second))
+				// The backlog closer (below) has an owner of its own, the
+				// target's second user, where it has one; where the target
+				// counts its owners' dispatches, a diagnostics session
+				// reads that count. It is open before the session count's
+				// baseline is taken, so that it is part of it.
+				backlogShape := victimSpec{outstanding: backlogDepth}
+				if u, err := h.Setup.Target.User(1); err == nil {
+					backlogShape.user = &u
+				}
+				var diag *opcua.Client
+				if e.Target.Diagnostics && backlogShape.user != nil {
+					diag, err = uaclient.Open(ctx, e.DirectEndpoint)
+					Expect(err).NotTo(HaveOccurred(), "open diagnostics session")
+					DeferCleanup(func(ctx context.Context) { _ = diag.Close(ctx) }, NodeTimeout(10*time.Second))
+				}
 				baseline, err := sessionCount(ctx, mon)
 				Expect(err).NotTo(HaveOccurred(), "read CurrentSessionCount")
 
@@ -540,18 +555,11 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 				// counts its owners' dispatches, the count is read right
 				// after the CloseSession response and once every victim
 				// drained: it must not grow in between.
-				backlogShape := victimSpec{outstanding: backlogDepth}
-				if u, err := h.Setup.Target.User(1); err == nil {
-					backlogShape.user = &u
-				}
 				backlog := openVictim(ctx, rec, e.Endpoint, "backlog-00", backlogShape)
 				closers = append(closers, backlog)
 				var dispatched map[string]string
 				readDispatched := func(context.Context) {}
-				if e.Target.Diagnostics && backlogShape.user != nil {
-					diag, err := uaclient.Open(ctx, e.DirectEndpoint)
-					Expect(err).NotTo(HaveOccurred(), "open diagnostics session")
-					DeferCleanup(func(ctx context.Context) { _ = diag.Close(ctx) }, NodeTimeout(10*time.Second))
+				if diag != nil {
 					node := "Owner." + backlog.owner + ".Dispatched"
 					dispatched = map[string]string{backlog.name: "diag." + node}
 					readDispatched = func(ctx context.Context) {
