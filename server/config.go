@@ -89,6 +89,33 @@ const (
 	// FaultUnboundedIdle drops the handshake deadline and the connection
 	// limit: connections that never send Hello stay open forever.
 	FaultUnboundedIdle Fault = "unbounded-idle"
+	// FaultSamplerSkips makes the sampler never sample the targets at
+	// positions ≡ 7 (mod 64) of each sampling-interval group, in the order
+	// they were added (subscription.SkipModulus, SkipResidue): 16 of 1024
+	// items created together are never sampled, while a lone item (position
+	// 0) is sampled normally.
+	FaultSamplerSkips Fault = "sampler-skips"
+	// FaultCloseRunsQueued makes CloseSession answer Good but leave the
+	// session's queued requests in the queue; workers run them afterwards
+	// and answer them Good, as if the session were still open.
+	FaultCloseRunsQueued Fault = "close-runs-queued"
+	// FaultLostResponse drops the answer to every LostResponseEvery-th Read
+	// request of each secure channel: no response is sent, its pending
+	// slot is released, and the channel stays open.
+	FaultLostResponse Fault = "lost-response"
+	// FaultRetainMemory keeps RetainPerRequest bytes per served Read
+	// request forever (a leak); backpressure works unchanged.
+	FaultRetainMemory Fault = "retain-memory"
+)
+
+// Parameters of the fault switches.
+const (
+	// LostResponseEvery is the lost-response fault's period: the 500th,
+	// 1000th, … Read of each channel gets no answer.
+	LostResponseEvery = 500
+	// RetainPerRequest is what the retain-memory fault keeps per served
+	// Read request (16 KiB).
+	RetainPerRequest = 16 << 10
 )
 
 // AllFaults lists every fault switch.
@@ -96,6 +123,7 @@ var AllFaults = []Fault{
 	FaultUnweighted, FaultTurnStall, FaultLostWakeup, FaultNoBackpressure,
 	FaultFaultOnOverflow, FaultCancelLeak, FaultCancelDouble, FaultSerialDispatch,
 	FaultSamplingDrift, FaultPublishDrop, FaultCrashOnDecode, FaultUnboundedIdle,
+	FaultSamplerSkips, FaultCloseRunsQueued, FaultLostResponse, FaultRetainMemory,
 }
 
 // Faults is a set of enabled fault switches.

@@ -153,7 +153,9 @@ func (s *Server) execute(j *job) {
 		j.ch.Respond(j.reqID, s.fault(j.req, ua.StatusBadSecureChannelClosed))
 		return
 	}
-	if j.sess.Closed() {
+	if j.sess.Closed() && !s.cfg.Faults.Has(FaultCloseRunsQueued) {
+		// (Fault close-runs-queued skips this: a closed session's request
+		// runs and is answered as if the session were open.)
 		j.ch.Respond(j.reqID, s.fault(j.req, ua.StatusBadSessionClosed))
 		return
 	}
@@ -173,10 +175,48 @@ func (s *Server) execute(j *job) {
 	switch r := j.req.(type) {
 	case *ua.ReadRequest:
 		resp = s.read(ctx, r)
+		if s.cfg.Faults.Has(FaultRetainMemory) {
+			s.leak.retain(RetainPerRequest)
+		}
+		if s.cfg.Faults.Has(FaultLostResponse) && j.conn.reads.Add(1)%LostResponseEvery == 0 {
+			// Fault lost-response: no answer to this Read; its pending
+			// slot is released so the channel goes on (open, flowing).
+			s.log.Debug("dropping a response", "fault", FaultLostResponse, "channel", j.conn.id, "handle", j.handle)
+			j.ch.Forget()
+			return
+		}
 	default:
 		resp = s.fault(r, ua.StatusBadServiceUnsupported)
 	}
 	j.ch.Respond(j.reqID, resp)
+}
+
+// leak is the memory the retain-memory fault keeps: blocks that are never
+// freed.
+type leak struct {
+	mu     sync.Mutex
+	blocks [][]byte
+	bytes  int64
+}
+
+// retain allocates n bytes, writes every page of them (so that they are
+// resident, not just reserved) and keeps them for the server's lifetime.
+func (l *leak) retain(n int) {
+	b := make([]byte, n)
+	for i := 0; i < n; i += 4096 {
+		b[i] = 0xA5
+	}
+	l.mu.Lock()
+	l.blocks = append(l.blocks, b)
+	l.bytes += int64(n)
+	l.mu.Unlock()
+}
+
+// size returns the bytes retained so far.
+func (l *leak) size() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.bytes
 }
 
 // cancelQueued cancels the queued jobs of a channel that match and answers

@@ -144,8 +144,8 @@
 // (BadSessionClosed) and a lost connection cancel the session's or
 // channel's queued requests. Stopping answers queued requests
 // BadServerHalted. Fault switches (Config.Faults, OPCUA_FAULTS) reproduce
-// known bugs on demand; see the Fault constants (sampling-drift and
-// publish-drop are the subscription ones).
+// known bugs on demand; see the Fault constants (sampling-drift,
+// sampler-skips and publish-drop are the subscription ones).
 //
 // # Hostile traffic
 //

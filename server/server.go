@@ -61,6 +61,8 @@ type Server struct {
 	// only: it can wedge a worker).
 	testHook func(ua.Request)
 
+	leak leak // memory kept by the retain-memory fault
+
 	connsMu sync.Mutex
 	conns   map[*conn]struct{} // live secure channels
 
@@ -357,6 +359,7 @@ type conn struct {
 	ctx         context.Context // cancelled when the channel is gone
 	queued      queued          // its requests in the fair queue
 	maxResponse int             // largest response the client accepts
+	reads       atomic.Int64    // Reads executed (the lost-response fault counts them)
 }
 
 func (s *Server) serveConn(ctx context.Context, c net.Conn) {

@@ -253,8 +253,14 @@ func (s *Server) closeSession(cn *conn, r *ua.CloseSessionRequest, _ time.Time) 
 	if !ok {
 		return s.fault(r, ua.StatusBadSessionIDInvalid)
 	}
-	// The session's queued requests will not run.
-	s.cancelQueued(cn, func(j *job) bool { return j.sess == sess }, ua.StatusBadSessionClosed)
+	if s.cfg.Faults.Has(FaultCloseRunsQueued) {
+		// Fault close-runs-queued: the session's queued requests stay in
+		// the queue; workers run them after this Good response.
+		s.log.Debug("leaving a closed session's requests queued", "fault", FaultCloseRunsQueued, "session", sess.ID.String())
+	} else {
+		// The session's queued requests will not run.
+		s.cancelQueued(cn, func(j *job) bool { return j.sess == sess }, ua.StatusBadSessionClosed)
+	}
 	s.log.Debug("session closed", "session", sess.ID.String(), "name", sess.Name)
 	return &ua.CloseSessionResponse{ResponseHeader: respHeader(r, ua.StatusOK)}
 }

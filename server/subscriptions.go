@@ -37,6 +37,7 @@ func (s *Server) newSubscriptions() {
 		Source:        subscription.Sources{s.counters, nodeSource{s}},
 		Logger:        s.log,
 		SamplingDrift: s.cfg.Faults.Has(FaultSamplingDrift),
+		SamplerSkips:  s.cfg.Faults.Has(FaultSamplerSkips),
 		PublishDrop:   s.cfg.Faults.Has(FaultPublishDrop),
 	})
 }

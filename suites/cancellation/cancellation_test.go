@@ -156,6 +156,16 @@ const (
 	maxProbeRatio = 1.5
 	// sessionsSettle bounds the wait for CurrentSessionCount to return.
 	sessionsSettle = 15 * time.Second
+	// backlogDepth slow reads keep the backlog closer's owner queued far
+	// beyond its share of the workers (the reference server is given
+	// raceWorkers), so most of them are still queued when it is closed.
+	backlogDepth = 24
+	raceWorkers  = "8"
+	// closeGrace is how long after its CloseSession response a closed
+	// session's read that was already running may still be answered Good:
+	// its service time plus link and scheduling slack. A later Good answer
+	// ran after the close.
+	closeGrace = victimService + 200*time.Millisecond
 )
 
 // kindVictim marks the reads of victim sessions, judged apart from the
@@ -180,19 +190,40 @@ func maxStall(cond toxics.Condition) time.Duration {
 // closed or its connection dies, recording every read.
 type victim struct {
 	name    string
+	owner   string
 	rec     *history.Recorder
 	c       *opcua.Client
 	wg      sync.WaitGroup
 	closing atomic.Bool
+	// closed is called right after the CloseSession response, if set.
+	closed func(ctx context.Context)
+}
+
+// victimSpec shapes a victim: anonymous with victimOutstanding reads unless
+// set.
+type victimSpec struct {
+	// user, if set, gives the victim an owner of its own.
+	user *target.User
+	// outstanding is its number of slow reads in flight.
+	outstanding int
 }
 
 // openVictim opens a victim session on endpoint; the open is recorded as a
 // session op.
-func openVictim(ctx context.Context, rec *history.Recorder, endpoint, name string) *victim {
+func openVictim(ctx context.Context, rec *history.Recorder, endpoint, name string, vs ...victimSpec) *victim {
 	GinkgoHelper()
-	v := &victim{name: name, rec: rec}
+	shape := victimSpec{outstanding: victimOutstanding}
+	if len(vs) > 0 {
+		shape = vs[0]
+	}
+	v := &victim{name: name, owner: "anonymous", rec: rec}
+	opts := []uaclient.Option{uaclient.RequestTimeout(victimRequestTimeout), uaclient.With(opcua.SessionTimeout(victimSessionTimeout))}
+	if shape.user != nil {
+		v.owner = shape.user.Name
+		opts = append(opts, uaclient.User(shape.user.Name, shape.user.Password))
+	}
 	ref := rec.Invoke(v.op(history.KindSession, endpoint))
-	c, err := uaclient.Open(ctx, endpoint, uaclient.RequestTimeout(victimRequestTimeout), uaclient.With(opcua.SessionTimeout(victimSessionTimeout)))
+	c, err := uaclient.Open(ctx, endpoint, opts...)
 	if err != nil {
 		rec.Fail(ref, 0, err)
 	} else {
@@ -201,7 +232,7 @@ func openVictim(ctx context.Context, rec *history.Recorder, endpoint, name strin
 	Expect(err).NotTo(HaveOccurred(), "open victim %s", name)
 	v.c = c
 	DeferCleanup(func(ctx context.Context) { _ = c.Close(ctx) }, NodeTimeout(10*time.Second))
-	for range victimOutstanding {
+	for range shape.outstanding {
 		v.wg.Add(1)
 		go func() {
 			defer GinkgoRecover()
@@ -214,12 +245,12 @@ func openVictim(ctx context.Context, rec *history.Recorder, endpoint, name strin
 }
 
 func (v *victim) op(kind history.Kind, node string) history.Op {
-	return history.Op{Client: v.name, Session: v.name, Owner: "anonymous", Kind: kind, Node: node}
+	return history.Op{Client: v.name, Session: v.name, Owner: v.owner, Kind: kind, Node: node}
 }
 
 // read sends one slow read and records its outcome; false once the
 // connection is gone. A read the server never answers on a live
-// connection (the client's timeout) stays pending: a lost response.
+// connection (the client's timeout) is a lost response (history.Lost).
 func (v *victim) read(ctx context.Context) bool {
 	r := load.SlowRead(victimService)
 	req := &ua.ReadRequest{
@@ -249,9 +280,10 @@ func (v *victim) read(ctx context.Context) bool {
 		}
 	case answered:
 		c.Outcome, c.Status, c.Err = history.Fail, uint32(status), err
-	case status == ua.StatusBadTimeout && ctx.Err() == nil:
+	case status == ua.StatusBadTimeout && ctx.Err() == nil && v.c.State() == opcua.Connected:
 		GinkgoWriter.Printf("victim %s: read handle %d never answered: %v\n", v.name, handle, err)
-		return true // left pending
+		v.rec.Lost(ref, fmt.Errorf("no response within %v on a live connection: %w", victimRequestTimeout, err))
+		return true
 	default:
 		c.Outcome, c.Status, c.Err = history.Info, uint32(status), err
 	}
@@ -263,11 +295,14 @@ func (v *victim) read(ctx context.Context) bool {
 // channel stays open until they are answered) and closes the client.
 func (v *victim) close(ctx context.Context) {
 	v.closing.Store(true)
-	ref := v.rec.Invoke(v.op("close_session", ""))
+	ref := v.rec.Invoke(v.op(check.KindCloseSession, ""))
 	if err := v.c.CloseSession(ctx); err != nil {
 		v.rec.Fail(ref, 0, err)
 	} else {
 		v.rec.OK(ref)
+	}
+	if v.closed != nil {
+		v.closed(ctx)
 	}
 	v.wg.Wait()
 	_ = v.c.Close(ctx)
@@ -448,7 +483,12 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 			It("keeps serving other sessions through CloseSession, timeouts and resets mid-flight", func(ctx SpecContext) {
 				// victims and survivors keep slow reads (Slow.<ms>) in flight
 				h.Require(spec.Needs(cond, "service-time")...)
-				e, err := h.Start(ctx)
+				var opts []env.Option
+				if isReference() {
+					// a known pool, so the backlog closer's pipeline queues
+					opts = append(opts, env.WithServerEnv(map[string]string{"OPCUA_WORKERS": raceWorkers}))
+				}
+				e, err := h.Start(ctx, opts...)
 				Expect(err).NotTo(HaveOccurred(), "start environment")
 				rec := h.NewRecorder(map[string]string{"condition": cond.Name})
 				_, err = spec.Apply(ctx, e, rec, cond)
@@ -466,6 +506,21 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 				mon, err := uaclient.Open(ctx, e.Endpoint)
 				Expect(err).NotTo(HaveOccurred(), "open monitor session")
 				DeferCleanup(func(ctx context.Context) { _ = mon.Close(ctx) }, NodeTimeout(10*time.Second))
+				// The backlog closer (below) has an owner of its own, the
+				// target's second user, where it has one; where the target
+				// counts its owners' dispatches, a diagnostics session
+				// reads that count. It is open before the session count's
+				// baseline is taken, so that it is part of it.
+				backlogShape := victimSpec{outstanding: backlogDepth}
+				if u, err := h.Setup.Target.User(1); err == nil {
+					backlogShape.user = &u
+				}
+				var diag *opcua.Client
+				if e.Target.Diagnostics && backlogShape.user != nil {
+					diag, err = uaclient.Open(ctx, e.DirectEndpoint)
+					Expect(err).NotTo(HaveOccurred(), "open diagnostics session")
+					DeferCleanup(func(ctx context.Context) { _ = diag.Close(ctx) }, NodeTimeout(10*time.Second))
+				}
 				baseline, err := sessionCount(ctx, mon)
 				Expect(err).NotTo(HaveOccurred(), "read CurrentSessionCount")
 
@@ -480,6 +535,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 					err error
 				}
 				done := make(chan result, 1)
+				survivorsFrom := rec.Now()
 				go func() {
 					defer GinkgoRecover()
 					st, err := load.Run(ctx, rec, load.Profile{Name: "survivors", Endpoint: e.Endpoint, Duration: raceFor, RequestTimeout: victimRequestTimeout,
@@ -490,6 +546,31 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 				for i := range victimsPerGroup {
 					closers = append(closers, openVictim(ctx, rec, e.Endpoint, fmt.Sprintf("closer-%02d", i)))
 					timedOut = append(timedOut, openVictim(ctx, rec, e.VictimEndpoint, fmt.Sprintf("timeout-%02d", i)))
+				}
+				// The backlog closer: an owner of its own (the target's
+				// second user, where it has one) with a pipeline far deeper
+				// than its share of the workers, so most of its reads are
+				// queued when it is closed. They must be refused or go with
+				// the session, never run after the close. Where the target
+				// counts its owners' dispatches, the count is read right
+				// after the CloseSession response and once every victim
+				// drained: it must not grow in between.
+				backlog := openVictim(ctx, rec, e.Endpoint, "backlog-00", backlogShape)
+				closers = append(closers, backlog)
+				var dispatched map[string]string
+				readDispatched := func(context.Context) {}
+				if diag != nil {
+					node := "Owner." + backlog.owner + ".Dispatched"
+					dispatched = map[string]string{backlog.name: "diag." + node}
+					readDispatched = func(ctx context.Context) {
+						GinkgoHelper()
+						v, err := uaclient.ReadValue(ctx, diag, ua.NewStringNodeID(1, node))
+						Expect(err).NotTo(HaveOccurred(), "read ns=1;s=%s", node)
+						if n, ok := v.Value().(int64); ok {
+							rec.Reading(dispatched[backlog.name], float64(n))
+						}
+					}
+					backlog.closed = readDispatched
 				}
 				var closed sync.WaitGroup
 				for _, v := range closers {
@@ -521,6 +602,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 				}
 				res := <-done
 				Expect(res.err).NotTo(HaveOccurred(), "run survivors")
+				readDispatched(ctx) // every closed session's reads have ended
 				figs := spec.Prefixed("race.", res.st.Figures())
 
 				By("waiting for CurrentSessionCount to return to its baseline")
@@ -540,14 +622,32 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 				figs["race.probe.ratio"] = ratio
 
 				survivors := []history.Kind{history.KindRead, history.KindSlowRead, history.KindSession}
+				// The survivors' throughput right after the backlog closer's
+				// CloseSession against before it: back at once.
+				var backlogClose history.Op
+				for _, op := range rec.History().Ops {
+					if op.Session == backlog.name && op.Kind == check.KindCloseSession {
+						backlogClose = op
+					}
+				}
+				Expect(backlogClose.Outcome).To(Equal(history.OK), "CloseSession of %s", backlog.name)
 				v := spec.Judge("cancellation", cond.Name, rec, figs,
+					// catches fault close-runs-queued
+					check.Spec{Name: "race-closed-session", Config: check.ClosedSessionConfig{
+						Kinds: []history.Kind{kindVictim}, Grace: closeGrace, Dispatched: dispatched,
+					}},
+					check.Spec{Name: "race-survivors-recovery", Config: check.RecoveryConfig{
+						Baseline:  history.Window{Start: survivorsFrom + 300*time.Millisecond, End: backlogClose.Invoke},
+						Recovered: history.Window{Start: backlogClose.Complete, End: backlogClose.Complete + time.Second},
+						Kinds:     []history.Kind{history.KindRead, history.KindSlowRead}, Bucket: 250 * time.Millisecond, MinRatio: minRatio,
+					}},
 					check.Spec{Name: "race-survivors-stall", Config: check.StallConfig{Kinds: survivors, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
 					check.Spec{Name: "race-survivors-errors", Config: check.ErrorBudgetConfig{Kinds: survivors, Drained: check.Codes{}}},
 					check.Spec{Name: "race-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead, history.KindSlowRead, kindVictim}}},
 					// a closed session's reads are answered (BadSessionClosed
 					// if still queued); dead connections only in the toxics
 					check.Spec{Name: "race-victims-errors", Config: check.ErrorBudgetConfig{
-						Kinds:   []history.Kind{kindVictim, "close_session"},
+						Kinds:   []history.Kind{kindVictim, check.KindCloseSession},
 						Allowed: check.Codes{ua.StatusBadSessionClosed, ua.StatusBadSessionIDInvalid},
 						Excuse:  []string{faultTimeout, faultReset}, Grace: 2 * time.Second,
 					}},

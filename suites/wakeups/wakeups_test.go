@@ -56,6 +56,13 @@ func stallCheck(name, groupBy string, kinds ...history.Kind) check.Spec {
 	}}
 }
 
+// exactlyOnce is every request answered once: a request the server never
+// answers on a live connection expires after the request timeout (10 s,
+// far beyond MaxLatency) and is named a lost response, not a stall.
+func exactlyOnce(name string) check.Spec {
+	return check.Spec{Name: name, Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead}}}
+}
+
 func run(ctx context.Context, rec *history.Recorder, p load.Profile) map[string]float64 {
 	GinkgoHelper()
 	st, err := load.Run(ctx, rec, p)
@@ -108,7 +115,7 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 				rec.SetLabel("profile", fmt.Sprint(gaps))
 				figs := run(ctx, rec, p)
 				v := spec.Judge(property, cond.Name, rec, figs, stallCheck("bursty", check.BySession, history.KindRead),
-					check.Spec{Name: "bursty-errors", Config: check.ErrorBudgetConfig{}})
+					check.Spec{Name: "bursty-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce("bursty-exactly-once"))
 				Expect(v.Failed).To(BeFalse(), v.Why())
 			}, SpecTimeout(time.Minute))
 
@@ -116,6 +123,7 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 				name    string
 				workers int
 			}{{"ample", 0}, {"scarce", 1}} {
+				// catches fault lost-response (shapes-*-exactly-once, shapes-*-errors: lost responses)
 				It(fmt.Sprintf("completes pipelines of shapes 1×200, 10×100 and 64×1 with %s server capacity", capacity.name), func(ctx SpecContext) {
 					e, rec := start(ctx, cond, capacity.workers)
 					figs := map[string]float64{}
@@ -141,7 +149,8 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 					// no turn) stops the whole pipeline; a session starved
 					// for good fails MaxLatency.
 					v := spec.Judge(property, cond.Name, rec, figs, stallCheck("shapes-"+capacity.name, check.ByRun, history.KindRead),
-						check.Spec{Name: "shapes-" + capacity.name + "-errors", Config: check.ErrorBudgetConfig{}})
+						check.Spec{Name: "shapes-" + capacity.name + "-errors", Config: check.ErrorBudgetConfig{}},
+						exactlyOnce("shapes-"+capacity.name+"-exactly-once"))
 					Expect(v.Failed).To(BeFalse(), v.Why())
 				}, SpecTimeout(90*time.Second))
 			}
@@ -156,7 +165,7 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 					load.Session{Name: "fast", Outstanding: 4})
 				figs := run(ctx, rec, p)
 				v := spec.Judge(property, cond.Name, rec, figs, stallCheck("head-of-line", check.BySession, history.KindRead),
-					check.Spec{Name: "head-of-line-errors", Config: check.ErrorBudgetConfig{}})
+					check.Spec{Name: "head-of-line-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce("head-of-line-exactly-once"))
 				Expect(v.Failed).To(BeFalse(), v.Why())
 			}, SpecTimeout(time.Minute))
 		})

@@ -337,8 +337,9 @@ func (c *Channel) Respond(reqID uint32, resp ua.Response) {
 }
 
 // Forget retires a request that will never be answered, without sending
-// anything: only the publish-drop fault uses it, so that dropping a request
-// does not also leak its pending slot and stall the channel.
+// anything: only the publish-drop and lost-response faults use it, so that
+// dropping a request does not also leak its pending slot and stall the
+// channel.
 func (c *Channel) Forget() {
 	c.mu.Lock()
 	c.stats.Dropped++

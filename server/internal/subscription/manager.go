@@ -8,9 +8,10 @@
 // Sampling runs on a Sampler: one goroutine and timer per sampling interval
 // group, absolute deadlines on a monotonic Clock (injectable for tests).
 //
-// Two fault switches reproduce known bugs on demand: SamplingDrift (wait one
-// interval after each sample, seed 003) and PublishDrop (silently drop
-// Publish requests beyond a small number per session).
+// Three fault switches reproduce known bugs on demand: SamplingDrift (wait
+// one interval after each sample, seed 003), SamplerSkips (never sample a
+// few items of a group) and PublishDrop (silently drop Publish requests
+// beyond a small number per session).
 //
 // The package knows nothing about channels or sessions of the server: a
 // caller keys a Session by any comparable value and passes a respond
@@ -94,6 +95,9 @@ type Options struct {
 	// SamplingDrift is the sampling-drift fault: the sampler waits one
 	// interval after each sample instead of keeping absolute deadlines.
 	SamplingDrift bool
+	// SamplerSkips is the sampler-skips fault: the sampler never samples
+	// the items at positions ≡ SkipResidue (mod SkipModulus) of a group.
+	SamplerSkips bool
 	// PublishDrop is the publish-drop fault: Publish requests beyond
 	// PublishDropKeep queued per session are dropped without an answer.
 	PublishDrop bool
@@ -255,7 +259,7 @@ func New(ctx context.Context, opts Options) *Manager {
 		cancel:   cancel,
 		sessions: make(map[any]*Session),
 	}
-	m.sampler = NewSampler(ctx, opts.Clock, opts.SamplingDrift, opts.Logger)
+	m.sampler = NewSampler(ctx, opts.Clock, SamplerFaults{Drift: opts.SamplingDrift, Skips: opts.SamplerSkips}, opts.Logger)
 	return m
 }
 

@@ -34,12 +34,13 @@ type Target interface {
 //
 // With Drift (the sampling-drift fault, seed 003's bug) a group instead waits
 // one interval after each cycle finished, so timer overshoot and sampling
-// time add up on every cycle.
+// time add up on every cycle. With Skips (the sampler-skips fault) a group
+// never samples the targets at positions ≡ SkipResidue (mod SkipModulus).
 type Sampler struct {
-	clock Clock
-	drift bool
-	log   *slog.Logger
-	ctx   context.Context
+	clock  Clock
+	faults SamplerFaults
+	log    *slog.Logger
+	ctx    context.Context
 
 	mu     sync.Mutex
 	groups map[time.Duration]*group
@@ -91,13 +92,32 @@ type group struct {
 	stats   GroupStats
 }
 
-// NewSampler returns a sampler whose groups run until ctx ends or Close.
-// drift switches on the sampling-drift fault.
-func NewSampler(ctx context.Context, clock Clock, drift bool, log *slog.Logger) *Sampler {
+// SamplerFaults are the sampler's fault switches.
+type SamplerFaults struct {
+	// Drift is the sampling-drift fault: wait one interval after each
+	// cycle instead of keeping absolute deadlines.
+	Drift bool
+	// Skips is the sampler-skips fault: never sample the targets at
+	// positions ≡ SkipResidue (mod SkipModulus) of a group.
+	Skips bool
+}
+
+// The sampler-skips fault skips the targets at positions ≡ SkipResidue (mod
+// SkipModulus) of each group: positions 7, 71, 135, …, 16 of 1024 targets
+// added together. Positions follow the order targets were added; removing
+// one moves the last target into its place.
+const (
+	SkipModulus = 64
+	SkipResidue = 7
+)
+
+// NewSampler returns a sampler whose groups run until ctx ends or Close,
+// with the given fault switches on.
+func NewSampler(ctx context.Context, clock Clock, faults SamplerFaults, log *slog.Logger) *Sampler {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Sampler{clock: clock, drift: drift, log: log, ctx: ctx, groups: make(map[time.Duration]*group)}
+	return &Sampler{clock: clock, faults: faults, log: log, ctx: ctx, groups: make(map[time.Duration]*group)}
 }
 
 // Add starts sampling t every interval (> 0). Adding a target twice to the
@@ -122,7 +142,7 @@ func (s *Sampler) Add(t Target, interval time.Duration) {
 			defer s.wg.Done()
 			s.run(ctx, g)
 		}()
-		s.log.Debug("sampling group started", "interval", interval, "drift", s.drift)
+		s.log.Debug("sampling group started", "interval", interval, "drift", s.faults.Drift, "skips", s.faults.Skips)
 	}
 	g.mu.Lock()
 	if _, dup := g.index[t]; !dup {
@@ -239,19 +259,25 @@ func (s *Sampler) run(ctx context.Context, g *group) {
 		// server as soon as such a node was monitored (issue 14). A
 		// target removed meanwhile may be sampled once more; items
 		// ignore samples once disabled or deleted.
-		for _, t := range targets {
+		var sampled int64
+		for i, t := range targets {
+			if s.faults.Skips && i%SkipModulus == SkipResidue {
+				// Fault sampler-skips: this target is never sampled.
+				continue
+			}
 			s.sample(g, t, st)
+			sampled++
 		}
 		clear(targets)
 		g.mu.Lock()
 		g.stats.Cycles++
-		g.stats.Samples += int64(len(targets))
+		g.stats.Samples += sampled
 		lateness := now - deadline
 		g.stats.MaxLateness = max(g.stats.MaxLateness, lateness)
 		g.mu.Unlock()
 		end := s.clock.Now()
 		var missed int64
-		if s.drift {
+		if s.faults.Drift {
 			// Fault sampling-drift: wait one interval after each sample
 			// (relative delay), the bug of seed 003.
 			deadline = end + g.interval

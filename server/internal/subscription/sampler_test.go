@@ -2,6 +2,7 @@ package subscription
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -50,7 +51,7 @@ func runFakeGrid(t *testing.T, drift bool, n int, interval, maxOvershoot, cost t
 	clk.Set(time.Second) // t0 away from zero
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	s := NewSampler(ctx, clk, drift, nil)
+	s := NewSampler(ctx, clk, SamplerFaults{Drift: drift}, nil)
 	defer s.Close()
 	tgt := &costTarget{clock: clk, cost: cost}
 	t0 := clk.Now()
@@ -305,7 +306,7 @@ func (st *statsTarget) Sample(SampleTime) {
 // Stats and Close keep working (issue 14: the group sampled under its lock
 // and Stats took it again).
 func TestSamplingOwnStatsNoDeadlock(t *testing.T) {
-	s := NewSampler(context.Background(), NewRealClock(), false, nil)
+	s := NewSampler(context.Background(), NewRealClock(), SamplerFaults{}, nil)
 	tgt := &statsTarget{s: s, samples: make(chan struct{}, 1)}
 	s.Add(tgt, time.Millisecond)
 	done := make(chan struct{})
@@ -336,7 +337,7 @@ func (panicTarget) Sample(SampleTime) { panic("sample") }
 // TestSamplingPanicRemovesTarget: a target that panics is dropped; the
 // group samples the others on.
 func TestSamplingPanicRemovesTarget(t *testing.T) {
-	s := NewSampler(context.Background(), NewRealClock(), false, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s := NewSampler(context.Background(), NewRealClock(), SamplerFaults{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	defer s.Close()
 	ok := &statsTarget{s: s, samples: make(chan struct{}, 1)}
 	s.Add(panicTarget{}, time.Millisecond)
@@ -350,5 +351,79 @@ func TestSamplingPanicRemovesTarget(t *testing.T) {
 	}
 	if groups, _ := s.Stats(); len(groups) != 1 || groups[0].Targets != 1 {
 		t.Errorf("groups %+v, want one group with the one good target", groups)
+	}
+}
+
+// countTarget counts its samples.
+type countTarget struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (c *countTarget) Sample(SampleTime) {
+	c.mu.Lock()
+	c.n++
+	c.mu.Unlock()
+}
+
+func (c *countTarget) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+// TestSamplerSkipsFault: with the sampler-skips fault a group never samples
+// its targets at positions ≡ SkipResidue (mod SkipModulus) and samples every
+// other one each cycle; without it every target is sampled each cycle. A
+// lone target (position 0) is sampled either way.
+func TestSamplerSkipsFault(t *testing.T) {
+	const targets, cycles = 2*SkipModulus + 10, 5
+	iv := 10 * time.Millisecond
+	for _, skips := range []bool{false, true} {
+		t.Run(fmt.Sprintf("skips=%v", skips), func(t *testing.T) {
+			clk := NewFakeClock(time.Unix(1_700_000_000, 0))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			s := NewSampler(ctx, clk, SamplerFaults{Skips: skips}, nil)
+			defer s.Close()
+			group := make([]*countTarget, targets)
+			for i := range group {
+				group[i] = &countTarget{}
+				s.Add(group[i], iv)
+			}
+			lone := &countTarget{}
+			s.Add(lone, 2*iv) // a group of its own
+			for range 2 * cycles {
+				if _, err := clk.Step(2, 5*time.Second); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Step returns once both groups sleep again: every cycle has
+			// finished.
+			ran := group[targets-1].count()
+			var skipped []int
+			for i, c := range group {
+				switch n := c.count(); {
+				case n == 0:
+					skipped = append(skipped, i)
+				case n != ran:
+					t.Errorf("target %d sampled %d times, want %d", i, n, ran)
+				}
+			}
+			var want []int
+			if skips {
+				for i := SkipResidue; i < targets; i += SkipModulus {
+					want = append(want, i)
+				}
+			}
+			if !slices.Equal(skipped, want) {
+				t.Errorf("never sampled: %v, want %v", skipped, want)
+			}
+			if lone.count() == 0 {
+				t.Errorf("the lone target of its own group was never sampled")
+			}
+			_, total := s.Stats()
+			t.Logf("skips=%v: %d cycles of the big group, never sampled %v, samples %d", skips, ran, skipped, total.Samples)
+		})
 	}
 }
