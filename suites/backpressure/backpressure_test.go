@@ -201,7 +201,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 	for _, cond := range toxics.CI() {
 		// Under baseline both specs are aimed at a server that never stops
 		// reading and at one that faults the channel when it falls behind.
-		Context("under "+cond.Name, spec.Condition(cond.Name), spec.CatchesUnder(cond, server.FaultNoBackpressure, server.FaultFaultOnOverflow), func() {
+		Context("under "+cond.Name, spec.Condition(cond.Name), spec.CatchesUnder(cond, server.FaultNoBackpressure, server.FaultFaultOnOverflow, server.FaultLostResponse, server.FaultRetainMemory), func() {
 			var e *env.Env
 			BeforeEach(func(ctx SpecContext) {
 				// Both specs read ServerStatus only: the condition is all

@@ -475,7 +475,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 	for ci, cond := range toxics.CI() {
 		// Under baseline both specs are aimed at a cancelled request that
 		// keeps its queue slot and at one that is still dispatched.
-		Context("under "+cond.Name, spec.Condition(cond.Name), spec.CatchesUnder(cond, server.FaultCancelLeak, server.FaultCancelDouble), func() {
+		Context("under "+cond.Name, spec.Condition(cond.Name), spec.CatchesUnder(cond, server.FaultCancelLeak, server.FaultCancelDouble, server.FaultCloseRunsQueued), func() {
 			It("answers every request of a cancel storm exactly once and loses no capacity", func(ctx SpecContext) {
 				cancelStorm(ctx, cond, uint64(ci), stormFor, false)
 			}, SpecTimeout(2*time.Minute))

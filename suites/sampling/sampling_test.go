@@ -79,7 +79,7 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 	for _, cond := range toxics.CI() {
 		// Under baseline both specs are aimed at a sampler that drifts and
 		// at a server that drops Publish requests.
-		Context("under "+cond.Name, spec.Condition(cond.Name), spec.CatchesUnder(cond, server.FaultSamplingDrift, server.FaultPublishDrop), func() {
+		Context("under "+cond.Name, spec.Condition(cond.Name), spec.CatchesUnder(cond, server.FaultSamplingDrift, server.FaultPublishDrop, server.FaultSamplerSkips), func() {
 			var e *env.Env
 			BeforeEach(func(ctx SpecContext) {
 				// Both specs subscribe to the target's sampled counters.

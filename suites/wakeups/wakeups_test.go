@@ -95,7 +95,7 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 	for _, cond := range toxics.CI() {
 		// Under baseline every spec is aimed at a parked worker that misses
 		// its wakeup and at a server that serves one request at a time.
-		Context("under "+cond.Name, spec.Condition(cond.Name), spec.CatchesUnder(cond, server.FaultLostWakeup, server.FaultSerialDispatch), func() {
+		Context("under "+cond.Name, spec.Condition(cond.Name), spec.CatchesUnder(cond, server.FaultLostWakeup, server.FaultSerialDispatch, server.FaultLostResponse), func() {
 			It("completes bursts separated by idle gaps, with few workers that park often", func(ctx SpecContext) {
 				e, rec := start(ctx, cond, 2)
 				// Seeded from the suite seed: replay with --seed.
