@@ -16,9 +16,8 @@ import (
 
 // Start serves cfg on 127.0.0.1:0 and returns its endpoint and a stop
 // function (also run when the test ends; calling it twice, from any
-// goroutine, is safe). A nil
-// cfg.Logger logs nowhere. Stop fails the test when the server does not
-// stop within 10 s or Serve returns an error.
+// goroutine, is safe). A nil cfg.Logger logs nowhere. Stop fails the test
+// when the server does not stop within 10 s or Serve returns an error.
 func Start(t testing.TB, cfg server.Config) (endpoint string, stop func()) {
 	t.Helper()
 	if cfg.Logger == nil {
