@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,9 +15,9 @@ import (
 )
 
 // Start serves cfg on 127.0.0.1:0 and returns its endpoint and a stop
-// function (also run when the test ends; calling it twice is safe). A nil
-// cfg.Logger logs nowhere. Stop fails the test when the server does not
-// stop within 10 s or Serve returns an error.
+// function (also run when the test ends; calling it twice, from any
+// goroutine, is safe). A nil cfg.Logger logs nowhere. Stop fails the test
+// when the server does not stop within 10 s or Serve returns an error.
 func Start(t testing.TB, cfg server.Config) (endpoint string, stop func()) {
 	t.Helper()
 	if cfg.Logger == nil {
@@ -33,21 +34,19 @@ func Start(t testing.TB, cfg server.Config) (endpoint string, stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, l) }()
-	stopped := false
+	var once sync.Once
 	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve: %v", err)
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("serve: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Errorf("server did not stop")
 			}
-		case <-time.After(10 * time.Second):
-			t.Errorf("server did not stop")
-		}
+		})
 	}
 	t.Cleanup(stop)
 	return "opc.tcp://" + l.Addr().String(), stop

@@ -1,0 +1,306 @@
+package robustness_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/gopcua/opcua/ua"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/opcua-chaos/opcua-chaos/fixtures/attack"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/subscribe"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
+	"github.com/opcua-chaos/opcua-chaos/server"
+	"github.com/opcua-chaos/opcua-chaos/toxics"
+)
+
+// The victim and the phases around the attacks.
+const (
+	// victimRate Reads per second on one session (open loop).
+	victimRate = 300
+	// victimWarmup is left out before the baseline readings, so that the
+	// victim's (and the subscription's) sessions are open and counted.
+	victimWarmup = time.Second
+	// before is the quiet phase after the warm-up: the baseline of the
+	// victim's throughput, the session and connection counts and memory.
+	before = 3 * time.Second
+	// after is the least the victim runs after the last attack.
+	after = 3 * time.Second
+	// settle bounds the return of sessions, connections and memory to
+	// their baseline after the attacks.
+	settle = 15 * time.Second
+	// reserve is the spec time kept for the after phase and the verdict:
+	// an attack is not started with less left (a target that answers
+	// nothing costs a deadline per attack).
+	reserve = 35 * time.Second
+	// deathPolls readings deathPoll apart look for the death of a server
+	// after an attack whose connections closed or went silent.
+	deathPolls = 5
+	deathPoll  = 100 * time.Millisecond
+	// minRatio is the lowest passing victim throughput after/before.
+	minRatio = 0.8
+	// Subscription of the victim, where the target has a sampling counter.
+	subItems      = 4
+	subSampling   = 50 * time.Millisecond
+	subPublishing = 250 * time.Millisecond
+	subMinShare   = 0.9
+	// Memory band: back to within the highest baseline reading × (1 +
+	// memRatio) + memSlack after the attacks.
+	memRatio = 0.5
+	memSlack = 32 << 20
+)
+
+// referenceLimits configures the reference server so that the session
+// flood (300 CreateSession) goes past its limits: 200 sessions, 100 of
+// them unactivated.
+var referenceLimits = map[string]string{"OPCUA_MAX_SESSIONS": "200"}
+
+// maxStall is the longest time the victim may wait with Reads outstanding
+// and none answered; maxLatency the longest one Read may take.
+func maxStall(cond toxics.Condition) time.Duration {
+	if len(cond.Toxics) > 0 || cond.NanoCPUs > 0 {
+		return 2 * time.Second
+	}
+	return time.Second
+}
+
+func maxLatency(cond toxics.Condition) time.Duration { return maxStall(cond) }
+
+// isReference reports whether the target is the reference server, which
+// takes its limits from the environment.
+func isReference() bool {
+	t := h.Setup.Target
+	return t.Kind == target.Container && t.Name == target.Reference.Name
+}
+
+// sleep waits d or until the spec ends.
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+}
+
+// victim runs the victim's load (and subscription) in the background.
+type victim struct {
+	stop context.CancelFunc
+	// done is closed once the load and the subscription ended.
+	done chan struct{}
+	// items are the subscription's monitored items (none: no
+	// subscription).
+	items []string
+
+	loadStats load.Stats
+	subStats  subscribe.Stats
+	err       error
+}
+
+// startVictim starts victimRate Reads per second on one session and, where
+// the target has a sampling counter, a subscription of subItems items. Both
+// run until finish (or the spec's end).
+func startVictim(ctx context.Context, e *env.Env, rec *history.Recorder) *victim {
+	GinkgoHelper()
+	vctx, stop := context.WithCancel(ctx)
+	v := &victim{stop: stop, done: make(chan struct{})}
+	var wg sync.WaitGroup
+	var loadErr, subErr error
+	DeferCleanup(func() {
+		v.stop()
+		<-v.done
+	})
+	wg.Go(func() {
+		defer GinkgoRecover()
+		v.loadStats, loadErr = load.Run(vctx, rec, load.Profile{Name: "victim", Endpoint: e.Endpoint, Duration: 5 * time.Minute, RequestTimeout: 5 * time.Second,
+			Sessions: []load.Session{{Name: "victim", Open: &load.OpenLoop{Rate: victimRate}}}})
+	})
+	if pattern := h.Setup.Target.SampleNode; pattern != "" {
+		c, err := uaclient.Open(ctx, e.Endpoint)
+		if err != nil {
+			stop()
+			wg.Wait()
+		}
+		Expect(err).NotTo(HaveOccurred(), "open the victim's subscription session")
+		DeferCleanup(func(ctx context.Context) { _ = c.Close(ctx) }, NodeTimeout(10*time.Second))
+		node := func(i int) *ua.NodeID { return ua.MustParseNodeID(fmt.Sprintf(pattern, i)) }
+		for i := range subItems {
+			v.items = append(v.items, subscribe.ItemName(node(i)))
+		}
+		wg.Go(func() {
+			defer GinkgoRecover()
+			v.subStats, subErr = subscribe.Run(vctx, rec, c, subscribe.Config{Client: "victim-sub", Node: node, Items: subItems,
+				Sampling: subSampling, Publishing: subPublishing, Duration: 5 * time.Minute})
+		})
+	}
+	go func() {
+		wg.Wait()
+		v.err = errors.Join(loadErr, subErr)
+		close(v.done)
+	}()
+	return v
+}
+
+// finish stops the victim and returns its figures and errors.
+func (v *victim) finish() (map[string]float64, error) {
+	v.stop()
+	<-v.done
+	figs := spec.Prefixed("victim.", v.loadStats.Figures())
+	if len(v.items) > 0 {
+		maps.Copy(figs, spec.Prefixed("victim.", v.subStats.Figures()))
+	}
+	return figs, v.err
+}
+
+// robustness runs the attacks against the target under cond while a victim
+// reads, and judges what the server did.
+func robustness(ctx SpecContext, cond toxics.Condition) {
+	h.Require(spec.Needs(cond)...)
+	var opts []env.Option
+	if isReference() {
+		opts = append(opts, env.WithServerEnv(referenceLimits))
+	}
+	e, err := h.Start(ctx, opts...)
+	Expect(err).NotTo(HaveOccurred(), "start environment")
+	rec := h.NewRecorder(map[string]string{"condition": cond.Name})
+	_, err = spec.Apply(ctx, e, rec, cond)
+	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
+	w := watch.New(e, rec, watch.Options{Sessions: h.Setup.Probe.StandardDiagnostics.Found, Connections: e.Target.Diagnostics})
+	DeferCleanup(w.Close, NodeTimeout(10*time.Second))
+	readings := func() {
+		w.State(ctx)
+		w.Memory(ctx)
+		w.Counts(ctx)
+	}
+	figs := map[string]float64{}
+
+	By(fmt.Sprintf("serving a victim: %d Reads/s on one session, a subscription where the target samples", victimRate))
+	v := startVictim(ctx, e, rec)
+	sleep(ctx, victimWarmup)
+	baseline := history.Window{Start: rec.Now()}
+	readings()
+	for range int(before / time.Second) {
+		sleep(ctx, time.Second)
+		readings()
+	}
+	baseline.End = rec.Now()
+
+	runner := &attack.Runner{Endpoint: e.Endpoint, Rec: rec, Seed: GinkgoRandomSeed()}
+	if h.Setup.Target.ServiceTime {
+		runner.SlowNode = ua.NewStringNodeID(1, "Slow.300")
+	}
+	catalogue, background := attack.Catalogue(), attack.Background()
+	By(fmt.Sprintf("attacking: %d attacks one after another, %d idle-connection attacks beside them", len(catalogue), len(background)))
+	var errs []error
+	var waits []func() error
+	for _, a := range background {
+		waits = append(waits, runner.Go(ctx, a))
+	}
+	ran := append([]attack.Attack(nil), background...)
+	var skipped []string
+	for _, a := range catalogue {
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < reserve {
+			skipped = append(skipped, a.Name)
+			continue
+		}
+		tally, err := runner.Run(ctx, a)
+		errs = append(errs, err)
+		ran = append(ran, a)
+		if tally.Lost() {
+			// A dying process shows as running for a while (a Go
+			// panic prints its stacks first): look again before the
+			// next attack, so that the death falls between this
+			// attack's readings.
+			for range deathPolls {
+				if !w.State(ctx) {
+					break
+				}
+				sleep(ctx, deathPoll)
+			}
+		}
+		w.State(ctx)
+	}
+	if len(skipped) > 0 {
+		rec.Mark("attacks-skipped", fmt.Sprint(skipped))
+	}
+	for _, wait := range waits {
+		errs = append(errs, wait())
+	}
+	attacked := rec.Now()
+	alive := w.State(ctx)
+
+	By("waiting for sessions, connections and memory to return to their baseline, the victim still reading")
+	baseSessions := -1.0
+	for _, o := range rec.History().Ops {
+		if o.Kind == history.KindSessionCount && o.Outcome == history.OK && baseline.Contains(o.Complete) {
+			baseSessions = max(baseSessions, o.Value)
+		}
+	}
+	for settled := time.Now(); time.Since(settled) < settle && ctx.Err() == nil; {
+		n := w.Counts(ctx)
+		w.Memory(ctx)
+		back := n >= 0 && n <= baseSessions || baseSessions < 0 || !alive
+		if back && time.Since(settled) >= after {
+			break
+		}
+		sleep(ctx, 500*time.Millisecond)
+	}
+	stopped := rec.Now()
+	vfigs, verr := v.finish()
+	maps.Copy(figs, vfigs)
+	w.State(ctx)
+	w.Memory(ctx)
+
+	names := make([]string, len(ran))
+	var answers check.AnswersConfig
+	for i, a := range ran {
+		names[i] = a.Name
+		answers.Rules = append(answers.Rules, check.AnswerRule{Attack: a.Name, Allowed: a.Allowed, Deadline: a.Deadline})
+	}
+	figs["attacks.run"] = float64(len(ran))
+	figs["attacks.skipped"] = float64(len(skipped))
+	reads := []history.Kind{history.KindRead}
+	checks := []check.Spec{
+		{Name: "survival", Config: check.SurvivalConfig{Attacks: names}},
+		{Name: "answers", Config: answers},
+		{Name: "victim-stall", Config: check.StallConfig{Span: check.Span{From: baseline.Start, To: stopped}, Kinds: reads, GroupBy: check.BySession, MaxStall: maxStall(cond), MaxLatency: maxLatency(cond)}},
+		{Name: "victim-errors", Config: check.ErrorBudgetConfig{Span: check.Span{To: stopped}, Kinds: reads, Drained: check.Codes{}}},
+		{Name: "victim-recovery", Config: check.RecoveryConfig{Baseline: baseline, Recovered: history.Window{Start: attacked, End: stopped}, Kinds: reads, MinRatio: minRatio}},
+		{Name: "sessions", Config: check.SettleConfig{Kind: history.KindSessionCount, Baseline: baseline, From: attacked, Within: settle, Unit: "sessions"}},
+		{Name: "connections", Config: check.SettleConfig{Kind: history.KindConnectionCount, Baseline: baseline, From: attacked, Within: settle, Unit: "connections"}},
+		{Name: "memory", Config: check.SettleConfig{Kind: history.KindMemory, Baseline: baseline, From: attacked, Within: settle, Ratio: memRatio, Slack: memSlack, Unit: "MiB", Scale: 1 << 20}},
+	}
+	if len(v.items) > 0 {
+		checks = append(checks, check.Spec{Name: "victim-sampling", Config: check.SamplingConfig{
+			Span: check.Span{From: baseline.Start, To: stopped}, Interval: subSampling, Items: v.items, MinFraction: subMinShare, MaxGap: maxStall(cond),
+		}})
+	}
+	verdict := spec.Judge("robustness", cond.Name, rec, figs, checks...)
+	Expect(verdict.Failed).To(BeFalse(), verdict.Why())
+	Expect(errors.Join(errs...)).NotTo(HaveOccurred(), "send attacks")
+	Expect(verr).NotTo(HaveOccurred(), "run the victim")
+	Expect(skipped).To(BeEmpty(), "attacks not run: less than %v of the spec's time left (every earlier attack waited for an answer)", reserve)
+}
+
+var _ = Describe("Robustness", spec.Property("robustness"), func() {
+	for _, cond := range toxics.CI() {
+		// Under baseline it is aimed at the two bugs issue 14 fixed: a
+		// malformed request that kills the process, idle connections
+		// never closed.
+		Context("under "+cond.Name, spec.Condition(cond.Name), spec.CatchesUnder(cond, server.FaultCrashOnDecode, server.FaultUnboundedIdle), func() {
+			It("survives hostile traffic, answers every bad message, keeps serving a victim and returns to its baseline", func(ctx SpecContext) {
+				robustness(ctx, cond)
+			}, SpecTimeout(90*time.Second))
+		})
+	}
+})
