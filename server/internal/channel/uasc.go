@@ -148,11 +148,18 @@ type SecureTransport struct {
 	bufChunks int // intermediate chunks held in partial
 	bufBytes  int // their bytes
 
-	sendMu   sync.Mutex // one message at a time: chunks of two never interleave
-	seq      uint32     // last sequence number sent
-	token    uint32     // current security token
-	oldToken uint32     // previous token, accepted until the client uses the new one
-	sendTok  uint32     // token id written in MSG headers
+	sendMu sync.Mutex // one message at a time: chunks of two never interleave
+	seq    uint32     // last sequence number sent; sendMu held
+
+	// tokMu guards the tokens apart from sendMu: Send holds sendMu while
+	// it writes to a slow client, and the reader checks every incoming
+	// message's token; under sendMu the reader could take only one request
+	// per response written, and a server behind a slow reader would stop
+	// reading long before its backpressure mark.
+	tokMu    sync.Mutex
+	token    uint32 // current security token
+	oldToken uint32 // previous token, accepted until the client uses the new one
+	sendTok  uint32 // token id written in MSG headers
 
 	closeOnce sync.Once
 	closeErr  error
@@ -388,15 +395,19 @@ func (t *SecureTransport) openSecureChannel(chunk byte, body []byte) error {
 	}
 	t.sendMu.Lock()
 	defer t.sendMu.Unlock()
+	t.tokMu.Lock()
+	var refused error
 	switch req.RequestType {
 	case ua.SecurityTokenRequestTypeIssue:
 		if t.open {
-			return t.failLocked(ua.StatusBadRequestTypeInvalid, errors.New("second OpenSecureChannel Issue"))
+			refused = errors.New("second OpenSecureChannel Issue")
+			break
 		}
 		t.token = t.cfg.IDs.TokenID
 		t.sendTok = t.token
 	case ua.SecurityTokenRequestTypeRenew:
 		if !t.open || chID != t.cfg.IDs.SecureChannelID {
+			t.tokMu.Unlock()
 			return t.failLocked(ua.StatusBadTCPSecureChannelUnknown, fmt.Errorf("Renew of channel %d", chID))
 		}
 		t.oldToken = t.token
@@ -404,7 +415,12 @@ func (t *SecureTransport) openSecureChannel(chunk byte, body []byte) error {
 			t.token = 1
 		}
 	default:
-		return t.failLocked(ua.StatusBadRequestTypeInvalid, fmt.Errorf("request type %v", req.RequestType))
+		refused = fmt.Errorf("request type %v", req.RequestType)
+	}
+	token := t.token
+	t.tokMu.Unlock()
+	if refused != nil {
+		return t.failLocked(ua.StatusBadRequestTypeInvalid, refused)
 	}
 	lifetime := req.RequestedLifetime
 	if lifetime == 0 || lifetime > uint32(time.Hour/time.Millisecond) {
@@ -421,7 +437,7 @@ func (t *SecureTransport) openSecureChannel(chunk byte, body []byte) error {
 		},
 		SecurityToken: &ua.ChannelSecurityToken{
 			ChannelID:       t.cfg.IDs.SecureChannelID,
-			TokenID:         t.token,
+			TokenID:         token,
 			CreatedAt:       now,
 			RevisedLifetime: lifetime,
 		},
@@ -444,7 +460,7 @@ func (t *SecureTransport) openSecureChannel(chunk byte, body []byte) error {
 	if err := t.write(frame("OPN", 'F', b)); err != nil {
 		return err
 	}
-	t.log.Debug("security token issued", "type", req.RequestType, "token", t.token, "lifetime_ms", lifetime)
+	t.log.Debug("security token issued", "type", req.RequestType, "token", token, "lifetime_ms", lifetime)
 	if !t.open {
 		t.open = true
 		// The handshake is over: the connection may idle now.
@@ -514,17 +530,19 @@ func (t *SecureTransport) message(chunk byte, body []byte) (Message, bool, error
 // checkToken accepts the current token, and the previous one until the
 // client uses the current one.
 func (t *SecureTransport) checkToken(token uint32) error {
-	t.sendMu.Lock()
-	defer t.sendMu.Unlock()
+	t.tokMu.Lock()
 	switch {
 	case token == t.token:
 		// Once the client uses the new token, the old one is retired.
 		t.sendTok, t.oldToken = token, 0
+		t.tokMu.Unlock()
 		return nil
 	case token == t.oldToken && t.oldToken != 0:
+		t.tokMu.Unlock()
 		return nil
 	}
-	return t.failLocked(ua.StatusBadSecureChannelTokenUnknown, fmt.Errorf("token %d", token))
+	t.tokMu.Unlock()
+	return t.fail(ua.StatusBadSecureChannelTokenUnknown, fmt.Errorf("token %d", token))
 }
 
 // checkSize refuses a chunk of n bytes that would make request reqID
@@ -621,6 +639,9 @@ func (t *SecureTransport) Send(ctx context.Context, reqID uint32, resp ua.Respon
 		body = t.faultBody(resp, ua.StatusBadResponseTooLarge)
 		chunks = 1
 	}
+	t.tokMu.Lock()
+	tok := t.sendTok
+	t.tokMu.Unlock()
 	t.sendMu.Lock()
 	defer t.sendMu.Unlock()
 	b := make([]byte, 0, len(body)+chunks*msgHeaderLen)
@@ -634,7 +655,7 @@ func (t *SecureTransport) Send(ctx context.Context, reqID uint32, resp ua.Respon
 		b = append(b, kind)
 		b = binary.LittleEndian.AppendUint32(b, uint32(msgHeaderLen+len(part)))
 		b = binary.LittleEndian.AppendUint32(b, t.cfg.IDs.SecureChannelID)
-		b = binary.LittleEndian.AppendUint32(b, t.sendTok)
+		b = binary.LittleEndian.AppendUint32(b, tok)
 		b = binary.LittleEndian.AppendUint32(b, t.nextSeq())
 		b = binary.LittleEndian.AppendUint32(b, reqID)
 		b = append(b, part...)
