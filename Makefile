@@ -38,7 +38,7 @@ endif
 
 UNIT_PKGS = $$(go list ./... | grep -v '/suites/')
 
-.PHONY: help chaos test fmt-check vet unit images clean faults recheck $(CHAOS)
+.PHONY: help chaos test fmt-check vet unit images clean faults recheck merge $(CHAOS)
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -69,6 +69,14 @@ unit: ## unit tests (everything but the suites) with -race
 
 images: $(CHAOS) ## build (or reuse) the server and toxiproxy images
 	@$(CHAOS) images
+
+# A run spread over machines (ci/github/ci.yml): each shard runs
+# `make chaos` with the same SEED and its own LABEL_FILTER; merge makes one
+# summary and table of their report folders.
+OUT  ?= $(REPORTS)/merged
+DIRS ?=
+merge: $(CHAOS) ## merge shards' report folders into one summary (OUT, DIRS="a b")
+	@$(CHAOS) merge $(OUT) $(DIRS)
 
 clean: $(CHAOS) ## remove every container, network and image of this project
 	@$(CHAOS) clean
