@@ -38,7 +38,7 @@ endif
 
 UNIT_PKGS = $$(go list ./... | grep -v '/suites/')
 
-.PHONY: help chaos test fmt-check vet unit images clean faults recheck merge $(CHAOS)
+.PHONY: help chaos test fmt-check vet unit images clean faults recheck merge specificity $(CHAOS)
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -69,6 +69,22 @@ unit: ## unit tests (everything but the suites) with -race
 
 images: $(CHAOS) ## build (or reuse) the server and toxiproxy images
 	@$(CHAOS) images
+
+# Specificity: N runs of the clean reference server with fresh seeds (every
+# run goes on after a failure), judged together: per spec its pass rate and
+# the seeds of false alarms, every figure's spread and, with MATRIX=<a
+# faults-<time>.json>, the same figures under the faults. Fails on any
+# false alarm.
+N      ?= 5
+MATRIX ?=
+specificity: $(CHAOS) ## N clean runs judged together: false alarms, figure spreads (N, LABEL_FILTER, MATRIX)
+	@rc=0; for i in $$(seq 1 $(N)); do \
+		echo "specificity: run $$i of $(N)"; \
+		$(MAKE) --no-print-directory chaos RUN=specificity-$(RUN)-$$i SEED= OPCUA_FAULTS= || rc=1; \
+	done; \
+	$(CHAOS) rounds -title "specificity $(RUN) ($(LABEL_FILTER))" -out $(REPORTS)/specificity-$(RUN) \
+		$(if $(MATRIX),-matrix $(MATRIX)) $$(seq -f '$(REPORTS)/specificity-$(RUN)-%g' 1 $(N)) || rc=1; \
+	exit $$rc
 
 # A run spread over machines (ci/github/ci.yml): each shard runs
 # `make chaos` with the same SEED and its own LABEL_FILTER; merge makes one

@@ -1,16 +1,42 @@
 #!/usr/bin/env bash
-# Nightly soak: run the suites REPEATS times (each with a new seed) and the
-# soak-labelled specs, then the fault matrix (make faults: every fault
-# switch must be caught); stops at the first failure, whose seed is in the
-# report (make chaos SEED=<seed> or make faults SEED=<seed> replays it).
-set -euo pipefail
+# Nightly soak: run the suites REPEATS times (each round with a new seed)
+# with the soak-labelled specs, then the fault matrix (make faults: every
+# fault switch must be caught). Every round runs even after a failure, so
+# the night reports a pass rate per spec and the seeds of its failures
+# (make chaos SEED=<seed> replays one). The rounds' report goes to
+# reports/<night>-rounds/rounds.md and one line per night is appended to
+# reports/trend.jsonl (date, commit, pass rates, median figures, fault
+# matrix totals), so a slow regression shows across nights. The script
+# fails when any round failed or broke, or the fault matrix did not
+# catch every fault.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 export CI=true OPCUA_CHAOS_PROFILE=soak
 REPEATS="${REPEATS:-5}"
-case "$REPEATS" in ''|*[!0-9]*) echo "error: REPEATS must be a positive integer, got '$REPEATS'" >&2; exit 2 ;; esac
+case "$REPEATS" in ''|*[!0-9]*|0) echo "error: REPEATS must be a positive integer, got '$REPEATS'" >&2; exit 2 ;; esac
+NIGHT="nightly-$(date -u +%Y%m%d-%H%M%S)"
+rc=0
+runs=()
 for i in $(seq 1 "$REPEATS"); do
 	echo "nightly: round $i of $REPEATS"
-	make chaos RUN="nightly-$(date -u +%Y%m%d-%H%M%S)-r$i" LABEL_FILTER="${LABEL_FILTER:-ci || soak}"
+	run="$NIGHT-r$i"
+	runs+=("reports/$run")
+	make chaos RUN="$run" LABEL_FILTER="${LABEL_FILTER:-ci || soak}" || { echo "nightly: round $i failed (carrying on)"; rc=1; }
 done
+
 echo "nightly: fault matrix"
-make faults
+before=$(ls reports/faults-*.json 2>/dev/null | sort | tail -1 || true)
+make faults || { echo "nightly: fault matrix not clean"; rc=1; }
+matrix=$(ls reports/faults-*.json 2>/dev/null | sort | tail -1 || true)
+matrix_flag=()
+if [ -n "$matrix" ] && [ "$matrix" != "$before" ]; then
+	matrix_flag=(-matrix "$matrix")
+else
+	echo "nightly: the fault matrix wrote no report"
+	rc=1
+fi
+
+make .bin/chaos >/dev/null
+.bin/chaos rounds -title "nightly $NIGHT" -out "reports/$NIGHT-rounds" -trend reports/trend.jsonl \
+	-commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "${matrix_flag[@]}" "${runs[@]}" || rc=1
+exit $rc
