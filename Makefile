@@ -38,7 +38,7 @@ endif
 
 UNIT_PKGS = $$(go list ./... | grep -v '/suites/')
 
-.PHONY: help chaos test fmt-check vet unit images clean faults recheck merge specificity $(CHAOS)
+.PHONY: help chaos test fmt-check vet unit images clean faults recheck merge specificity report $(CHAOS)
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -48,11 +48,13 @@ $(CHAOS):
 	@go build -o $(CHAOS) ./fixtures/cmd/chaos
 
 # The table's verdict (nothing selected, nothing judged, STRICT) decides
-# when Ginkgo passed; Ginkgo's exit status wins when it failed.
+# when Ginkgo passed; Ginkgo's exit status wins when it failed. The HTML
+# page comes last and never changes the exit status.
 chaos: $(CHAOS) ## run all suites against TARGET (LABEL_FILTER, SEED, STRICT) and print the summary
 	@OPCUA_CHAOS_RUN=$(RUN) $(CHAOS) preflight
 	@rc=0; OPCUA_CHAOS_RUN=$(RUN) go tool ginkgo $(GINKGO_FLAGS) ./suites/... || rc=$$?; \
 	$(CHAOS) table $(REPORTS)/$(RUN) || { t=$$?; [ $$rc -ne 0 ] || rc=$$t; }; \
+	$(CHAOS) report $(REPORTS)/$(RUN) || true; \
 	exit $$rc
 
 test: fmt-check vet unit chaos ## gofmt check, go vet, unit tests with -race, then make chaos
@@ -102,6 +104,12 @@ clean: $(CHAOS) ## remove every container, network and image of this project
 # replays it. Writes reports/faults-<time>.md and .json.
 faults: $(CHAOS) ## prove each server fault is caught: its specs pass without it, fail with it (FAULTS, SEED)
 	@$(CHAOS) faults $(if $(SEED),-seed $(SEED)) $(FAULTS)
+
+# The HTML pages, offline from saved reports: a run folder's
+# report.html, a fault matrix's faults-<time>.html (DIR=reports/faults-….json)
+# or the trend page (DIR=reports/trend.jsonl).
+report: $(CHAOS) ## write the HTML page of a run folder: make report DIR=reports/<run> (default reports/latest)
+	@$(CHAOS) report $(DIR)
 
 recheck: ## re-run the checkers on a saved report: make recheck DIR=reports/<run>/...
 	@test -n "$(DIR)" || { echo "error: make recheck needs DIR=<saved report folder>"; exit 2; }
