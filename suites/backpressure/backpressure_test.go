@@ -121,10 +121,10 @@ func settle(ctx context.Context, mon *env.Monitor) {
 	}
 }
 
-// stopMonitor stops the monitor, records every memory reading into rec
-// (check.ReadingMemory, at the time it was taken) for the backpressure
-// check, and returns the server's usage (nil for a target without
-// container: memory is then not judged, and the check says so).
+// stopMonitor stops the monitor, records every reading into rec
+// (spec.RecordUsage: memory and CPU, at the time each was taken) for the
+// backpressure check, and returns the server's usage (nil for a target
+// without container: memory is then not judged, and the check says so).
 func stopMonitor(mon *env.Monitor, rec *history.Recorder) *env.UsageSummary {
 	GinkgoHelper()
 	if mon == nil {
@@ -132,10 +132,23 @@ func stopMonitor(mon *env.Monitor, rec *history.Recorder) *env.UsageSummary {
 	}
 	us, err := mon.Stop()
 	Expect(err).NotTo(HaveOccurred(), "sample server usage")
-	for _, u := range mon.Samples() {
-		rec.ReadingAt(rec.Offset(u.At), check.ReadingMemory, float64(u.Memory))
-	}
+	spec.RecordUsage(rec, mon)
 	return &us
+}
+
+// Client-side counts the checks read, recorded as readings.
+const (
+	readingSessionsOpened    = "client.sessions_opened"
+	readingAnsweredThrottled = "client.answered_throttled"
+	readingRequestsSent      = "client.requests_sent"
+)
+
+// sessionsOpened is the check that every session of the load opened.
+func sessionsOpened(name string, n int) check.Spec {
+	return check.Spec{Name: name, Config: check.ReadingsConfig{
+		Reading: readingSessionsOpened, Min: check.Bound(float64(n)), Max: check.Bound(float64(n)), Required: true,
+		What: "sessions opened",
+	}}
 }
 
 // diagnostics reads the reference server's backpressure counters at the
@@ -166,6 +179,29 @@ func memoryCheck(name string, growth, retained float64, backlogged string) check
 	return check.Spec{Name: name, Config: cfg}
 }
 
+// slowChecks are the slow reader spec's checks but the drain stall (its
+// span starts when the throttle is removed): the assumptions that the
+// throttle held most of the pipeline back (or the spec proved nothing
+// about a slow reader) and that the whole pipeline was sent, then the
+// property.
+func slowChecks(throttle string) []check.Spec {
+	return []check.Spec{
+		check.Assume("slow-throttled", check.ReadingsConfig{
+			Reading: readingAnsweredThrottled, Max: check.Bound(slowDepth/2 - 1), Required: true,
+			What: fmt.Sprintf("requests of %d answered while throttled to %d KB/s", slowDepth, slowKBps),
+		}),
+		check.Assume("slow-sent", check.ReadingsConfig{
+			Reading: readingRequestsSent, Min: check.Bound(slowDepth), Max: check.Bound(slowDepth), Required: true,
+			What: "requests sent",
+		}),
+		{Name: "slow-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
+		{Name: "slow-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
+		// the throttle keeps the server backlogged: its pending
+		// responses stay between the marks
+		memoryCheck("slow-memory", slowGrowthMiB, slowRetainedMiB, throttle),
+	}
+}
+
 var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 	It("serves 10 sessions × 1000 outstanding Reads through a seeded nemesis schedule, exactly once, in bounded memory", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
 		const runFor = time.Minute
@@ -188,14 +224,14 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		// channel faults, every request answered exactly once; a throttled
 		// or starved server slows down but never stops for 5 s, and holds
 		// its memory within the deep bounds.
-		v := spec.Judge("backpressure", toxics.Scheduled.Name, rec, figs,
+		rec.Reading(readingSessionsOpened, float64(st.Sessions))
+		spec.Judge("backpressure", toxics.Scheduled.Name, rec, figs,
 			check.Spec{Name: "nemesis-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
 			check.Spec{Name: "nemesis-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: 5 * time.Second}},
 			check.Spec{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
 			memoryCheck("nemesis-memory", deepGrowthMiB, deepRetainedMiB, ""),
+			sessionsOpened("nemesis-sessions", deepSessions),
 		)
-		Expect(v.Failed).To(BeFalse(), v.Why())
-		Expect(st.Sessions).To(Equal(deepSessions), "sessions opened")
 	}, SpecTimeout(3*time.Minute))
 
 	for _, cond := range toxics.CI() {
@@ -215,6 +251,16 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 			// catches fault lost-response (deep-exactly-once: lost responses)
 			// catches fault retain-memory (deep-memory: a leak)
 			It("serves 10 sessions × 1000 outstanding Reads without errors, channel faults or stalls, in bounded memory", func(ctx SpecContext) {
+				checks := []check.Spec{
+					// Drained rejections count as errors: a server that
+					// pushes back never needs to refuse a pipeline.
+					{Name: "deep-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
+					{Name: "deep-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
+					{Name: "deep-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
+					memoryCheck("deep-memory", deepGrowthMiB, deepRetainedMiB, ""),
+					sessionsOpened("deep-sessions", deepSessions),
+				}
+				spec.Plan(checks...)
 				rec := h.NewRecorder(map[string]string{"condition": cond.Name})
 				_, err := spec.Apply(ctx, e, rec, cond)
 				Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
@@ -235,20 +281,13 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 				us := stopMonitor(mon, rec)
 				figs := spec.LoadFigures("backpressure", "deep.", cond, st, us)
 				diagnostics(ctx, e, rec, "deep.diag.", figs)
-				v := spec.Judge("backpressure", cond.Name, rec, figs,
-					// Drained rejections count as errors: a server that
-					// pushes back never needs to refuse a pipeline.
-					check.Spec{Name: "deep-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
-					check.Spec{Name: "deep-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
-					check.Spec{Name: "deep-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
-					memoryCheck("deep-memory", deepGrowthMiB, deepRetainedMiB, ""),
-				)
-				Expect(v.Failed).To(BeFalse(), v.Why())
-				Expect(st.Sessions).To(Equal(deepSessions), "sessions opened")
+				rec.Reading(readingSessionsOpened, float64(st.Sessions))
+				spec.Judge("backpressure", cond.Name, rec, figs, checks...)
 			}, SpecTimeout(2*time.Minute))
 
 			// catches fault retain-memory (slow-memory: a leak)
 			It("stops reading from a throttled reader and answers its pipeline exactly once when it catches up", func(ctx SpecContext) {
+				spec.Plan(slowChecks("slow-reader")...)
 				rec := h.NewRecorder(map[string]string{"condition": cond.Name})
 				_, err := spec.Apply(ctx, e, rec, cond)
 				Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
@@ -301,6 +340,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 					}
 				}
 				figs["slow.answered_throttled"] = float64(answered)
+				rec.Reading(readingAnsweredThrottled, float64(answered))
 
 				By("removing the throttle and draining the pipeline")
 				drainFrom := rec.Now()
@@ -319,21 +359,11 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 				}
 				diagnostics(ctx, e, rec, "slow.diag.", figs)
 
-				v := spec.Judge("backpressure", cond.Name, rec, figs,
-					check.Spec{Name: "slow-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
-					check.Spec{Name: "slow-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
-					// once the reader catches up, the channel flows again
-					check.Spec{Name: "slow-drain-stall", Config: check.StallConfig{Span: check.Span{From: drainFrom}, Kinds: judged, MaxStall: maxStall(cond)}},
-					// the throttle keeps the server backlogged: its pending
-					// responses stay between the marks
-					memoryCheck("slow-memory", slowGrowthMiB, slowRetainedMiB, throttle.Name),
-				)
-				Expect(v.Failed).To(BeFalse(), v.Why())
-				// Precondition: the throttle held most of the pipeline back,
-				// or the spec proved nothing about a slow reader.
-				Expect(answered).To(BeNumerically("<", slowDepth/2),
-					"precondition: %d of %d requests were answered while throttled to %d KB/s", answered, slowDepth, slowKBps)
-				Expect(res.st.Requests).To(Equal(slowDepth), "requests sent")
+				rec.Reading(readingRequestsSent, float64(res.st.Requests))
+				spec.Judge("backpressure", cond.Name, rec, figs,
+					append(slowChecks(throttle.Name),
+						// once the reader catches up, the channel flows again
+						check.Spec{Name: "slow-drain-stall", Config: check.StallConfig{Span: check.Span{From: drainFrom}, Kinds: judged, MaxStall: maxStall(cond)}})...)
 			}, SpecTimeout(2*time.Minute))
 		})
 	}

@@ -3,7 +3,6 @@ package fairness_test
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -47,12 +46,10 @@ func (t timeline) span() check.Span {
 	return check.Span{From: t.warmup, To: t.warmup + time.Duration(t.windows)*t.window, Window: t.window}
 }
 
-// judged returns the readings (one per sampleEvery since the load started)
-// taken during the judged windows.
-func (t timeline) judged(readings []float64) []float64 {
-	from := min(int(t.warmup/sampleEvery), len(readings))
-	to := min(int(t.span().To/sampleEvery)+1, len(readings))
-	return readings[from:to]
+// judged is the part of the run whose server-side readings show the
+// owners were backlogged: the judged windows.
+func (t timeline) judged() check.Span {
+	return check.Span{From: t.warmup, To: t.span().To}
 }
 
 // Bounds of the fairness runs.
@@ -115,8 +112,9 @@ type owner struct {
 }
 
 // runShare drives every owner's sessions with deep pipelines of sh's
-// requests under cond, while sampling the server's CPU, and returns the recorder and
-// the extra figures (load and server usage).
+// requests under cond, while recording the server's CPU and its owners'
+// queue counters into the history (the assumptions' readings), and
+// returns the recorder and the extra figures (load and server usage).
 func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, tl timeline, owners []owner) (*history.Recorder, map[string]float64) {
 	GinkgoHelper()
 	rec := h.NewRecorder(map[string]string{"condition": cond.Name})
@@ -138,7 +136,7 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 	for _, o := range owners {
 		nodes = append(nodes, "Owner."+o.user+".Queued", "Owner."+o.user+".Emptied", "Owner."+o.user+".Dispatched")
 	}
-	sampler := spec.SampleDiagnostics(ctx, e, sampleEvery, nodes...)
+	sampler := spec.RecordDiagnostics(ctx, e, rec, sampleEvery, nodes...)
 	steps, schedule := 0, func() error { return nil }
 	if tl.nemesis {
 		steps, schedule = spec.Nemesis(ctx, e, rec, tl.runFor()-5*time.Second)
@@ -146,76 +144,53 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 	st, err := load.Run(ctx, rec, p)
 	Expect(err).NotTo(HaveOccurred(), "run load")
 	Expect(schedule()).To(Succeed(), "nemesis schedule")
-	samples, err := sampler.Stop()
+	_, err = sampler.Stop()
 	Expect(err).NotTo(HaveOccurred(), "sample the server's queue depth")
 	var us *env.UsageSummary
 	if mon != nil {
 		u, err := mon.Stop()
 		Expect(err).NotTo(HaveOccurred(), "sample server usage")
+		spec.RecordUsage(rec, mon)
 		us = &u
 	}
 	figs := spec.LoadFigures("fairness", "", cond, st, us)
 	if tl.nemesis {
 		figs["nemesis.steps"] = float64(steps)
 	}
-	for _, o := range owners {
-		// Preconditions where the target reports them: every owner was
-		// backlogged at the server, not only at the client (a client-side
-		// backlog does not prove a server-side one, FIELD-NOTES): requests
-		// waited in its queue, and the queue did not run dry during the
-		// judged windows. Both are needed: at 200 µs of CPU per request the
-		// proxy and the load driver share the two cores with the server,
-		// the heavy owner's median queue stays above 10 and yet it runs dry
-		// over and over, and its share falls to the light owner's.
-		if readings := tl.judged(samples["Owner."+o.user+".Queued"]); len(readings) > 0 {
-			d := median(readings)
-			figs["server.queued_median."+sh.name+"."+o.user] = d
-			Expect(d).To(BeNumerically(">=", minServerBacklog),
-				"precondition: owner %s had a median of %.0f requests queued at the server (readings %v): it was not backlogged there, so shares say nothing about the scheduler", o.user, d, readings)
-		}
-		dry, served := tl.judged(samples["Owner."+o.user+".Emptied"]), tl.judged(samples["Owner."+o.user+".Dispatched"])
-		if len(dry) > 1 && len(served) > 1 {
-			n, d := dry[len(dry)-1]-dry[0], served[len(served)-1]-served[0]
-			rate := n / max(d, 1)
-			figs["server.emptied."+sh.name+"."+o.user] = n
-			figs["server.emptied_per_dispatch."+sh.name+"."+o.user] = rate
-			Expect(rate).To(BeNumerically("<=", maxDryRate),
-				"precondition: owner %s's queue ran dry at the server %.0f times in %.0f dispatches during the judged windows (%.2f %%, at most %.0f %% allowed; readings %v): it was not backlogged there, so shares say nothing about the scheduler", o.user, n, d, 100*rate, 100*maxDryRate, dry)
-		}
-	}
-	if limit := float64(cond.NanoCPUs) / 1e9; sh.cpuBound && limit > 0 && us != nil {
-		// Precondition: a CPU-limited server must be saturated, or the
-		// shares say nothing about its scheduler.
-		Expect(us.Cores).To(BeNumerically(">=", 0.8*limit),
-			"precondition: server used %.2f cores of its %.2f limit: not saturated", us.Cores, limit)
-	}
 	return rec, figs
 }
 
-// ownerRatios returns, per valid window of a windowed-share result, the
-// served count of a divided by that of b.
-func ownerRatios(r check.Result, a, b string) []float64 {
-	var out []float64
-	for _, w := range r.Windows {
-		if !w.Valid || w.Figures["served."+b] == 0 {
-			continue
-		}
-		out = append(out, w.Figures["served."+a]/w.Figures["served."+b])
+// assumptions are the checks a share run rests on, judged before the
+// shares (check.Assume), where the target reports their readings. Every
+// owner was backlogged at the server, not only at the client (a
+// client-side backlog does not prove a server-side one, FIELD-NOTES):
+// requests waited in its queue (median ≥ minServerBacklog), and the queue
+// did not run dry during the judged windows (maxDryRate). Both are needed:
+// at 200 µs of CPU per request the proxy and the load driver share the two
+// cores with the server, the heavy owner's median queue stays above 10 and
+// yet it runs dry over and over, and its share falls to the light owner's.
+// A CPU-limited server serving CPU-bound requests must be saturated (≥ 80
+// % of its limit), or the shares say nothing about its scheduler.
+func assumptions(name string, cond toxics.Condition, sh shape, tl timeline, owners ...string) []check.Spec {
+	var out []check.Spec
+	for _, o := range owners {
+		out = append(out,
+			check.Assume(name+"-backlog-"+o, check.ReadingsConfig{
+				Span: tl.judged(), Reading: "diag.Owner." + o + ".Queued", Stat: check.StatMedian, Min: check.Bound(minServerBacklog),
+				What: "median requests of owner " + o + " queued at the server",
+			}),
+			check.Assume(name+"-dry-"+o, check.ReadingsConfig{
+				Span: tl.judged(), Reading: "diag.Owner." + o + ".Emptied", Stat: check.StatDelta, Ratio: "diag.Owner." + o + ".Dispatched", Max: check.Bound(maxDryRate),
+				What: "times owner " + o + "'s queue ran dry at the server per request dispatched",
+			}))
+	}
+	if limit := float64(cond.NanoCPUs) / 1e9; sh.cpuBound && limit > 0 {
+		out = append(out, check.Assume(name+"-saturated", check.ReadingsConfig{
+			Reading: check.ReadingCPU, Stat: check.StatRate, Min: check.Bound(0.8 * limit),
+			What: fmt.Sprintf("cores the server used of its %.2f limit", limit),
+		}))
 	}
 	return out
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	n := len(s)
-	if n == 0 {
-		return 0
-	}
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // start requires caps and what cond needs of the target, then starts the
@@ -239,26 +214,22 @@ func weighted(ctx context.Context, cond toxics.Condition, sh shape, tl timeline)
 	GinkgoHelper()
 	e := start(ctx, cond, "weights", "service-time", "users")
 	heavy, light, want, _ := h.Setup.Target.Weighted()
-	lo, hi := want*5/6, want*7/6
-	rec, figs := runShare(ctx, e, cond, sh, tl, []owner{
-		{heavy.Name, heavy.Password, 4},
-		{light.Name, light.Password, 4},
-	})
 	name := "weighted-" + sh.name
-	v := spec.Judge("fairness", cond.Name, rec, figs,
+	checks := append(assumptions(name, cond, sh, tl, heavy.Name, light.Name),
 		check.Spec{Name: name, Config: check.ShareConfig{
 			Span: tl.span(), Owners: []string{heavy.Name, light.Name},
 			Weights: map[string]float64{heavy.Name: want, light.Name: 1},
 			Kinds:   []history.Kind{sh.request.Kind}, MinRatio: 5.0 / 6, MinOutstanding: deep / 2, MinServed: 20,
+			Band: &check.ShareBand{Of: heavy.Name, Over: light.Name, Min: want * 5 / 6, Max: want * 7 / 6},
 		}},
 		check.Spec{Name: name + "-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{sh.request.Kind}}},
 	)
-	ratios := ownerRatios(v.Results[0], heavy.Name, light.Name)
-	m := median(ratios)
-	spec.Record(spec.Row("fairness", cond.Name, map[string]float64{name + ".heavy_light_median": m}))
-	Expect(v.Failed).To(BeFalse(), v.Why())
-	Expect(m).To(BeNumerically(">=", lo), "median heavy/light %.2f (weights %g:1) over windows %v\n%s", m, want, ratios, v.Explanation)
-	Expect(m).To(BeNumerically("<=", hi), "median heavy/light %.2f (weights %g:1) over windows %v\n%s", m, want, ratios, v.Explanation)
+	spec.Plan(checks...)
+	rec, figs := runShare(ctx, e, cond, sh, tl, []owner{
+		{heavy.Name, heavy.Password, 4},
+		{light.Name, light.Password, 4},
+	})
+	spec.Judge("fairness", cond.Name, rec, figs, checks...)
 }
 
 var _ = Describe("Fairness", spec.Property("fairness"), func() {
@@ -276,25 +247,22 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 				if !ok {
 					spec.SkipAs(report.SkipCapability, fmt.Sprintf("target %s has no two users of equal weight (weights %s)", h.Setup.Target.Name, target.WeightsEnv(h.Setup.Target.Weights)))
 				}
+				// min/max of two equal owners ≥ 0.8 is the 0.8–1.25
+				// band; the victim is served in every window.
+				checks := append(assumptions("isolation", cond, cpuBound, ciRun, flood.Name, victim.Name),
+					check.Spec{Name: "isolation", Config: check.ShareConfig{
+						Span: ciRun.span(), Owners: []string{flood.Name, victim.Name},
+						Kinds: []history.Kind{cpuBound.request.Kind}, MinRatio: 0.8, MinOutstanding: deep / 2, MinServed: 20,
+						Unstarved: []string{victim.Name},
+					}},
+					check.Spec{Name: "isolation-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{cpuBound.request.Kind}}},
+				)
+				spec.Plan(checks...)
 				rec, figs := runShare(ctx, e, cond, cpuBound, ciRun, []owner{
 					{flood.Name, flood.Password, 8},
 					{victim.Name, victim.Password, 2},
 				})
-				v := spec.Judge("fairness", cond.Name, rec, figs,
-					check.Spec{Name: "isolation", Config: check.ShareConfig{
-						Span: ciRun.span(), Owners: []string{flood.Name, victim.Name},
-						Kinds: []history.Kind{cpuBound.request.Kind}, MinRatio: 0.8, MinOutstanding: deep / 2, MinServed: 20,
-					}},
-					check.Spec{Name: "isolation-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{cpuBound.request.Kind}}},
-				)
-				Expect(v.Failed).To(BeFalse(), v.Why())
-				r := v.Results[0]
-				for _, w := range r.Windows {
-					Expect(w.Figures["served."+victim.Name]).To(BeNumerically(">", 0),
-						"owner %s was not served in window %d:\n%s", victim.Name, w.Index, v.Explanation)
-				}
-				// min/max of two equal owners ≥ 0.8 is the 0.8–1.25 band.
-				Expect(r.Figures["median_ratio"]).To(BeNumerically(">=", 0.8), v.Why())
+				spec.Judge("fairness", cond.Name, rec, figs, checks...)
 			}, SpecTimeout(2*time.Minute))
 
 			for _, sh := range []shape{cpuBound, workerBound} {
