@@ -175,15 +175,20 @@ func memoryCheck(name string, growth, retained float64, backlogged string) check
 var catches = []server.Fault{server.FaultNoBackpressure, server.FaultFaultOnOverflow, server.FaultLostResponse, server.FaultRetainMemory}
 
 // start requires what cond needs of the target (both specs read
-// ServerStatus only: the condition is all they need) and starts the
-// environment; a spec the target cannot run is skipped before anything
-// starts.
-func start(ctx context.Context, cond toxics.Condition) *env.Env {
+// ServerStatus only: the condition is all they need), so that a spec the
+// target cannot run is skipped before anything starts; then it starts the
+// environment, puts it under cond for the rest of the spec, recorded in
+// the spec's recorder, and starts the server's monitor (nil without a
+// server container).
+func start(ctx context.Context, cond toxics.Condition) (*env.Env, *history.Recorder, *env.Monitor) {
 	GinkgoHelper()
 	h.Require(spec.Needs(cond)...)
 	e, err := h.Start(ctx)
 	Expect(err).NotTo(HaveOccurred(), "start environment")
-	return e
+	rec := h.NewRecorder(map[string]string{"condition": cond.Name})
+	_, err = spec.Apply(ctx, e, rec, cond)
+	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
+	return e, rec, monitor(ctx, e)
 }
 
 var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
@@ -221,11 +226,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 	// catches fault lost-response (deep-exactly-once: lost responses)
 	// catches fault retain-memory (deep-memory: a leak)
 	DescribeTable("serves 10 sessions × 1000 outstanding Reads without errors, channel faults or stalls, in bounded memory", func(ctx SpecContext, cond toxics.Condition) {
-		e := start(ctx, cond)
-		rec := h.NewRecorder(map[string]string{"condition": cond.Name})
-		_, err := spec.Apply(ctx, e, rec, cond)
-		Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
-		mon := monitor(ctx, e)
+		e, rec, mon := start(ctx, cond)
 
 		By(fmt.Sprintf("pipelining %d × %d Reads for %s", deepSessions, deepOutstanding, deepFor))
 		p := load.Pipelined(e.Endpoint, deepSessions, deepOutstanding)
@@ -233,6 +234,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		exp := gmeasure.NewExperiment("deep pipelines")
 		AddReportEntry(exp.Name, exp)
 		var st load.Stats
+		var err error
 		exp.MeasureDuration("run", func() {
 			st, err = load.Run(ctx, rec, p)
 		})
@@ -256,11 +258,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 
 	// catches fault retain-memory (slow-memory: a leak)
 	DescribeTable("stops reading from a throttled reader and answers its pipeline exactly once when it catches up", func(ctx SpecContext, cond toxics.Condition) {
-		e := start(ctx, cond)
-		rec := h.NewRecorder(map[string]string{"condition": cond.Name})
-		_, err := spec.Apply(ctx, e, rec, cond)
-		Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
-		mon := monitor(ctx, e)
+		e, rec, mon := start(ctx, cond)
 
 		By(fmt.Sprintf("throttling responses to %d KB/s", slowKBps))
 		throttle := toxics.Bandwidth(toxics.Downstream, slowKBps)

@@ -2,7 +2,6 @@ package cancellation_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -257,41 +256,13 @@ func (v *victim) op(kind history.Kind, node string) history.Op {
 // connection (the client's timeout) is a lost response (history.Lost).
 func (v *victim) read(ctx context.Context) bool {
 	r := load.SlowRead(victimService)
-	req := &ua.ReadRequest{
-		NodesToRead:        []*ua.ReadValueID{{NodeID: r.Node, AttributeID: ua.AttributeIDValue, DataEncoding: &ua.QualifiedName{}}},
-		TimestampsToReturn: ua.TimestampsToReturnNeither,
-	}
 	ref := v.rec.Invoke(v.op(kindVictim, r.Node.String()))
-	answered := false
-	var resp *ua.ReadResponse
-	err := v.c.Send(ctx, req, func(x ua.Response) error {
-		answered = true
-		resp, _ = x.(*ua.ReadResponse)
-		return nil
-	})
-	var handle uint32
-	if req.RequestHeader != nil {
-		handle = req.RequestHeader.RequestHandle
-	}
-	c := history.Completion{Handle: handle, RequestID: handle}
-	var status ua.StatusCode
-	errors.As(err, &status)
-	switch {
-	case err == nil && resp != nil:
-		c.Outcome = history.OK
-		if len(resp.Results) > 0 && uint32(resp.Results[0].Status)&0x80000000 != 0 {
-			c.Outcome, c.Status = history.Fail, uint32(resp.Results[0].Status)
-		}
-	case answered:
-		c.Outcome, c.Status, c.Err = history.Fail, uint32(status), err
-	case status == ua.StatusBadTimeout && ctx.Err() == nil && v.c.State() == opcua.Connected:
-		GinkgoWriter.Printf("victim %s: read handle %d never answered: %v\n", v.name, handle, err)
-		v.rec.Lost(ref, fmt.Errorf("no response within %v on a live connection: %w", victimRequestTimeout, err))
-		return true
-	default:
-		c.Outcome, c.Status, c.Err = history.Info, uint32(status), err
-	}
+	// the client's own request timeout (victimRequestTimeout) bounds it
+	c := load.SendRead(ctx, ctx, v.c, load.ReadRequest(r.Node), victimRequestTimeout)
 	v.rec.Complete(ref, c)
+	if c.Outcome == history.Lost {
+		GinkgoWriter.Printf("victim %s: read handle %d never answered: %v\n", v.name, c.Handle, c.Err)
+	}
 	return c.Outcome != history.Info
 }
 
