@@ -1,8 +1,8 @@
 // Package toxics names the network and resource conditions the suites run
 // under. A Condition is data only: a set of Toxiproxy toxics and an optional
-// CPU limit for the server container. The fixtures apply them (see
-// fixtures/env), so the same names appear in spec text, labels, histories and
-// summary rows.
+// CPU limit for the server container. Package fixtures/nemesis injects them
+// (nemesis.Condition, nemesis.RunSchedule), so the same names appear in spec
+// text, labels, histories and summary rows.
 package toxics
 
 import (

@@ -15,7 +15,9 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
 	"github.com/opcua-chaos/opcua-chaos/server"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
@@ -202,6 +204,29 @@ func slowChecks(throttle string) []check.Spec {
 	}
 }
 
+// catches are the reference server's faults both specs are aimed at under
+// baseline: a server that never stops reading, one that faults the
+// channel when it falls behind, one that loses responses and one that
+// retains memory per request.
+var catches = []server.Fault{server.FaultNoBackpressure, server.FaultFaultOnOverflow, server.FaultLostResponse, server.FaultRetainMemory}
+
+// start requires what cond needs of the target (both specs read
+// ServerStatus only: the condition is all they need), so that a spec the
+// target cannot run is skipped before anything starts; then it starts the
+// environment, puts it under cond for the rest of the spec, recorded in
+// the spec's recorder, and starts the server's monitor (nil without a
+// server container).
+func start(ctx context.Context, cond toxics.Condition) (*env.Env, *history.Recorder, *env.Monitor) {
+	GinkgoHelper()
+	h.Require(spec.Needs(cond)...)
+	e, err := h.Start(ctx)
+	Expect(err).NotTo(HaveOccurred(), "start environment")
+	rec := h.NewRecorder(map[string]string{"condition": cond.Name})
+	_, err = spec.Apply(ctx, e, rec, cond)
+	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
+	return e, rec, monitor(ctx, e)
+}
+
 var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 	It("serves 10 sessions × 1000 outstanding Reads through a seeded nemesis schedule, exactly once, in bounded memory", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
 		const runFor = time.Minute
@@ -234,137 +259,109 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		)
 	}, SpecTimeout(3*time.Minute))
 
-	for _, cond := range toxics.CI() {
-		// Under baseline both specs are aimed at a server that never stops
-		// reading and at one that faults the channel when it falls behind.
-		Context("under "+cond.Name, spec.Condition(cond.Name), spec.CatchesUnder(cond, server.FaultNoBackpressure, server.FaultFaultOnOverflow, server.FaultLostResponse, server.FaultRetainMemory), func() {
-			var e *env.Env
-			BeforeEach(func(ctx SpecContext) {
-				// Both specs read ServerStatus only: the condition is all
-				// they need of the target.
-				h.Require(spec.Needs(cond)...)
-				var err error
-				e, err = h.Start(ctx)
-				Expect(err).NotTo(HaveOccurred(), "start environment")
-			}, NodeTimeout(2*time.Minute))
+	// catches fault lost-response (deep-exactly-once: lost responses)
+	// catches fault retain-memory (deep-memory: a leak)
+	DescribeTable("serves 10 sessions × 1000 outstanding Reads without errors, channel faults or stalls, in bounded memory", func(ctx SpecContext, cond toxics.Condition) {
+		checks := []check.Spec{
+			// Drained rejections count as errors: a server that
+			// pushes back never needs to refuse a pipeline.
+			{Name: "deep-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
+			{Name: "deep-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
+			{Name: "deep-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
+			memoryCheck("deep-memory", deepGrowthMiB, deepRetainedMiB, ""),
+			sessionsOpened("deep-sessions", deepSessions),
+		}
+		spec.Plan(checks...)
+		e, rec, mon := start(ctx, cond)
 
-			// catches fault lost-response (deep-exactly-once: lost responses)
-			// catches fault retain-memory (deep-memory: a leak)
-			It("serves 10 sessions × 1000 outstanding Reads without errors, channel faults or stalls, in bounded memory", func(ctx SpecContext) {
-				checks := []check.Spec{
-					// Drained rejections count as errors: a server that
-					// pushes back never needs to refuse a pipeline.
-					{Name: "deep-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
-					{Name: "deep-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
-					{Name: "deep-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
-					memoryCheck("deep-memory", deepGrowthMiB, deepRetainedMiB, ""),
-					sessionsOpened("deep-sessions", deepSessions),
-				}
-				spec.Plan(checks...)
-				rec := h.NewRecorder(map[string]string{"condition": cond.Name})
-				_, err := spec.Apply(ctx, e, rec, cond)
-				Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
-				mon := monitor(ctx, e)
-
-				By(fmt.Sprintf("pipelining %d × %d Reads for %s", deepSessions, deepOutstanding, deepFor))
-				p := load.Pipelined(e.Endpoint, deepSessions, deepOutstanding)
-				p.Duration, p.RequestTimeout = deepFor, deepRequestTimeout
-				exp := gmeasure.NewExperiment("deep pipelines")
-				AddReportEntry(exp.Name, exp)
-				var st load.Stats
-				exp.MeasureDuration("run", func() {
-					st, err = load.Run(ctx, rec, p)
-				})
-				Expect(err).NotTo(HaveOccurred(), "run load")
-
-				settle(ctx, mon)
-				us := stopMonitor(mon, rec)
-				figs := spec.LoadFigures("backpressure", "deep.", cond, st, us)
-				diagnostics(ctx, e, rec, "deep.diag.", figs)
-				rec.Reading(readingSessionsOpened, float64(st.Sessions))
-				spec.Judge("backpressure", cond.Name, rec, figs, checks...)
-			}, SpecTimeout(2*time.Minute))
-
-			// catches fault retain-memory (slow-memory: a leak)
-			It("stops reading from a throttled reader and answers its pipeline exactly once when it catches up", func(ctx SpecContext) {
-				spec.Plan(slowChecks("slow-reader")...)
-				rec := h.NewRecorder(map[string]string{"condition": cond.Name})
-				_, err := spec.Apply(ctx, e, rec, cond)
-				Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
-				mon := monitor(ctx, e)
-
-				By(fmt.Sprintf("throttling responses to %d KB/s", slowKBps))
-				throttle := toxics.Bandwidth(toxics.Downstream, slowKBps)
-				throttle.Name = "slow-reader"
-				undo, err := e.Proxy.Apply(ctx, env.ProxyName, []toxics.Toxic{throttle})
-				Expect(err).NotTo(HaveOccurred(), "add %s toxic", throttle.Type)
-				removed := rec.Fault(throttle.Name, fmt.Sprintf("bandwidth downstream %d KB/s", slowKBps))
-				unthrottle := func(ctx context.Context) error {
-					err := undo(ctx)
-					removed(err)
-					return err
-				}
-				DeferCleanup(unthrottle, NodeTimeout(30*time.Second))
-				// the server's pending responses while the reader is
-				// throttled: between the marks (where it reports them)
-				pending := spec.RecordDiagnostics(ctx, e, rec, 100*time.Millisecond, "Channel.PendingResponses")
-
-				By(fmt.Sprintf("pipelining %d Reads on one session for %s", slowDepth, throttleFor))
-				p := load.Profile{
-					Name: "slow-reader", Endpoint: e.Endpoint, Duration: time.Minute, RequestTimeout: requestTimeout,
-					Sessions: []load.Session{{Name: "reader", Outstanding: slowDepth, MaxRequests: slowDepth, Requests: []load.Request{statusRead}}},
-				}
-				type result struct {
-					st  load.Stats
-					err error
-				}
-				done := make(chan result, 1)
-				go func() {
-					defer GinkgoRecover()
-					st, err := load.Run(ctx, rec, p)
-					done <- result{st, err}
-				}()
-				select {
-				case <-time.After(throttleFor):
-				case <-ctx.Done():
-					Fail("spec timed out while throttled")
-				}
-				_, err = pending.Stop()
-				Expect(err).NotTo(HaveOccurred(), "sample pending responses")
-				figs := map[string]float64{}
-				spec.Diagnostics(ctx, e, "slow.diag.throttled.", diagnosticNodes, figs)
-				answered := 0
-				for _, op := range rec.History().Ops {
-					if op.Kind == history.KindRead && op.Done() {
-						answered++
-					}
-				}
-				figs["slow.answered_throttled"] = float64(answered)
-				rec.Reading(readingAnsweredThrottled, float64(answered))
-
-				By("removing the throttle and draining the pipeline")
-				drainFrom := rec.Now()
-				Expect(unthrottle(ctx)).To(Succeed(), "remove %s toxic", throttle.Type)
-				exp := gmeasure.NewExperiment("slow reader")
-				AddReportEntry(exp.Name, exp)
-				var res result
-				exp.MeasureDuration("drain", func() { res = <-done })
-				Expect(res.err).NotTo(HaveOccurred(), "run load")
-				figs["slow.drain_s"] = exp.GetStats("drain").DurationFor(gmeasure.StatMax).Seconds()
-				maps.Copy(figs, spec.Prefixed("slow.", res.st.Figures()))
-				// The reader is throttled on purpose: no client-bound verdict.
-				settle(ctx, mon)
-				if us := stopMonitor(mon, rec); us != nil {
-					maps.Copy(figs, spec.Prefixed("slow.", us.Figures()))
-				}
-				diagnostics(ctx, e, rec, "slow.diag.", figs)
-
-				rec.Reading(readingRequestsSent, float64(res.st.Requests))
-				spec.Judge("backpressure", cond.Name, rec, figs,
-					append(slowChecks(throttle.Name),
-						// once the reader catches up, the channel flows again
-						check.Spec{Name: "slow-drain-stall", Config: check.StallConfig{Span: check.Span{From: drainFrom}, Kinds: judged, MaxStall: maxStall(cond)}})...)
-			}, SpecTimeout(2*time.Minute))
+		By(fmt.Sprintf("pipelining %d × %d Reads for %s", deepSessions, deepOutstanding, deepFor))
+		p := load.Pipelined(e.Endpoint, deepSessions, deepOutstanding)
+		p.Duration, p.RequestTimeout = deepFor, deepRequestTimeout
+		exp := gmeasure.NewExperiment("deep pipelines")
+		AddReportEntry(exp.Name, exp)
+		var st load.Stats
+		var err error
+		exp.MeasureDuration("run", func() {
+			st, err = load.Run(ctx, rec, p)
 		})
-	}
+		Expect(err).NotTo(HaveOccurred(), "run load")
+
+		settle(ctx, mon)
+		us := stopMonitor(mon, rec)
+		figs := spec.LoadFigures("backpressure", "deep.", cond, st, us)
+		diagnostics(ctx, e, rec, "deep.diag.", figs)
+		rec.Reading(readingSessionsOpened, float64(st.Sessions))
+		spec.Judge("backpressure", cond.Name, rec, figs, checks...)
+	}, spec.Entries(toxics.CI(), catches, SpecTimeout(3*time.Minute)))
+
+	// catches fault retain-memory (slow-memory: a leak)
+	DescribeTable("stops reading from a throttled reader and answers its pipeline exactly once when it catches up", func(ctx SpecContext, cond toxics.Condition) {
+		spec.Plan(slowChecks("slow-reader")...)
+		e, rec, mon := start(ctx, cond)
+
+		By(fmt.Sprintf("throttling responses to %d KB/s", slowKBps))
+		throttle := toxics.Bandwidth(toxics.Downstream, slowKBps)
+		throttle.Name = "slow-reader"
+		unthrottle, err := spec.Inject(ctx, e, rec, nemesis.Toxics(throttle.Name, env.ProxyName, throttle))
+		Expect(err).NotTo(HaveOccurred(), "add %s toxic", throttle.Type)
+		// the server's pending responses while the reader is
+		// throttled: between the marks (where it reports them)
+		pending := watch.SampleDiagnostics(ctx, e, rec, 100*time.Millisecond, "Channel.PendingResponses")
+
+		By(fmt.Sprintf("pipelining %d Reads on one session for %s", slowDepth, throttleFor))
+		p := load.Profile{
+			Name: "slow-reader", Endpoint: e.Endpoint, Duration: time.Minute, RequestTimeout: requestTimeout,
+			Sessions: []load.Session{{Name: "reader", Outstanding: slowDepth, MaxRequests: slowDepth, Requests: []load.Request{statusRead}}},
+		}
+		type result struct {
+			st  load.Stats
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			defer GinkgoRecover()
+			st, err := load.Run(ctx, rec, p)
+			done <- result{st, err}
+		}()
+		select {
+		case <-time.After(throttleFor):
+		case <-ctx.Done():
+			Fail("spec timed out while throttled")
+		}
+		_, err = pending.Stop()
+		Expect(err).NotTo(HaveOccurred(), "sample pending responses")
+		figs := map[string]float64{}
+		spec.Diagnostics(ctx, e, "slow.diag.throttled.", diagnosticNodes, figs)
+		answered := 0
+		for _, op := range rec.History().Ops {
+			if op.Kind == history.KindRead && op.Done() {
+				answered++
+			}
+		}
+		figs["slow.answered_throttled"] = float64(answered)
+		rec.Reading(readingAnsweredThrottled, float64(answered))
+
+		By("removing the throttle and draining the pipeline")
+		drainFrom := rec.Now()
+		Expect(unthrottle(ctx)).To(Succeed(), "remove %s toxic", throttle.Type)
+		exp := gmeasure.NewExperiment("slow reader")
+		AddReportEntry(exp.Name, exp)
+		var res result
+		exp.MeasureDuration("drain", func() { res = <-done })
+		Expect(res.err).NotTo(HaveOccurred(), "run load")
+		figs["slow.drain_s"] = exp.GetStats("drain").DurationFor(gmeasure.StatMax).Seconds()
+		maps.Copy(figs, spec.Prefixed("slow.", res.st.Figures()))
+		// The reader is throttled on purpose: no client-bound verdict.
+		settle(ctx, mon)
+		if us := stopMonitor(mon, rec); us != nil {
+			maps.Copy(figs, spec.Prefixed("slow.", us.Figures()))
+		}
+		diagnostics(ctx, e, rec, "slow.diag.", figs)
+
+		rec.Reading(readingRequestsSent, float64(res.st.Requests))
+		spec.Judge("backpressure", cond.Name, rec, figs,
+			append(slowChecks(throttle.Name),
+				// once the reader catches up, the channel flows again
+				check.Spec{Name: "slow-drain-stall", Config: check.StallConfig{Span: check.Span{From: drainFrom}, Kinds: judged, MaxStall: maxStall(cond)}})...)
+	}, spec.Entries(toxics.CI(), catches, SpecTimeout(3*time.Minute)))
 })

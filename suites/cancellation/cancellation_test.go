@@ -2,7 +2,6 @@ package cancellation_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -21,6 +20,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
@@ -176,6 +176,9 @@ const kindVictim history.Kind = "victim_read"
 const (
 	faultTimeout = "victims-timeout"
 	faultReset   = "victims-reset"
+	// faultVictims+<condition> is the spec's condition on the victims'
+	// proxy.
+	faultVictims = "victims-"
 )
 
 // maxStall is the longest time without completions a survivor may see.
@@ -253,41 +256,13 @@ func (v *victim) op(kind history.Kind, node string) history.Op {
 // connection (the client's timeout) is a lost response (history.Lost).
 func (v *victim) read(ctx context.Context) bool {
 	r := load.SlowRead(victimService)
-	req := &ua.ReadRequest{
-		NodesToRead:        []*ua.ReadValueID{{NodeID: r.Node, AttributeID: ua.AttributeIDValue, DataEncoding: &ua.QualifiedName{}}},
-		TimestampsToReturn: ua.TimestampsToReturnNeither,
-	}
 	ref := v.rec.Invoke(v.op(kindVictim, r.Node.String()))
-	answered := false
-	var resp *ua.ReadResponse
-	err := v.c.Send(ctx, req, func(x ua.Response) error {
-		answered = true
-		resp, _ = x.(*ua.ReadResponse)
-		return nil
-	})
-	var handle uint32
-	if req.RequestHeader != nil {
-		handle = req.RequestHeader.RequestHandle
-	}
-	c := history.Completion{Handle: handle, RequestID: handle}
-	var status ua.StatusCode
-	errors.As(err, &status)
-	switch {
-	case err == nil && resp != nil:
-		c.Outcome = history.OK
-		if len(resp.Results) > 0 && uint32(resp.Results[0].Status)&0x80000000 != 0 {
-			c.Outcome, c.Status = history.Fail, uint32(resp.Results[0].Status)
-		}
-	case answered:
-		c.Outcome, c.Status, c.Err = history.Fail, uint32(status), err
-	case status == ua.StatusBadTimeout && ctx.Err() == nil && v.c.State() == opcua.Connected:
-		GinkgoWriter.Printf("victim %s: read handle %d never answered: %v\n", v.name, handle, err)
-		v.rec.Lost(ref, fmt.Errorf("no response within %v on a live connection: %w", victimRequestTimeout, err))
-		return true
-	default:
-		c.Outcome, c.Status, c.Err = history.Info, uint32(status), err
-	}
+	// the client's own request timeout (victimRequestTimeout) bounds it
+	c := load.SendRead(ctx, ctx, v.c, load.ReadRequest(r.Node), victimRequestTimeout)
 	v.rec.Complete(ref, c)
+	if c.Outcome == history.Lost {
+		GinkgoWriter.Printf("victim %s: read handle %d never answered: %v\n", v.name, c.Handle, c.Err)
+	}
 	return c.Outcome != history.Info
 }
 
@@ -312,14 +287,10 @@ func (v *victim) close(ctx context.Context) {
 func kill(ctx context.Context, e *env.Env, rec *history.Recorder, name string, tox toxics.Toxic, hold time.Duration) {
 	GinkgoHelper()
 	tox.Name = name
-	undo, err := e.Proxy.Apply(ctx, env.VictimProxyName, []toxics.Toxic{tox})
+	undo, err := spec.Inject(ctx, e, rec, nemesis.Toxics(name, env.VictimProxyName, tox))
 	Expect(err).NotTo(HaveOccurred(), "add %s toxic", tox.Type)
-	removed := rec.Fault(name, fmt.Sprintf("%s %s %v on %s", tox.Type, tox.Stream, tox.Attributes, env.VictimProxyName))
-	DeferCleanup(func(ctx context.Context) error { err := undo(ctx); removed(err); return err }, NodeTimeout(30*time.Second))
 	sleep(ctx, hold)
-	err = undo(ctx)
-	removed(err)
-	Expect(err).NotTo(HaveOccurred(), "remove %s toxic", tox.Type)
+	Expect(undo(ctx)).To(Succeed(), "remove %s toxic", tox.Type)
 }
 
 // sleep waits d or until the spec ends.
@@ -501,214 +472,222 @@ func sessionsOpened(name string) check.Spec {
 	}}
 }
 
+// catches are the reference server's faults both specs are aimed at under
+// baseline: a cancelled request that keeps its queue slot, one that is
+// still dispatched, and a CloseSession that leaves the session's queued
+// requests to run.
+var catches = []server.Fault{server.FaultCancelLeak, server.FaultCancelDouble, server.FaultCloseRunsQueued}
+
+// ciIndex is cond's index in toxics.CI(): it separates the random draws of
+// the specs of each condition, which share the suite seed.
+func ciIndex(cond toxics.Condition) int {
+	return slices.IndexFunc(toxics.CI(), func(c toxics.Condition) bool { return c.Name == cond.Name })
+}
+
 var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 	It("answers every request of a minute-long cancel storm under a seeded nemesis schedule exactly once and loses no capacity", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
 		cancelStorm(ctx, toxics.Scheduled, 0x50a6, time.Minute, true)
 	}, SpecTimeout(4*time.Minute))
 
-	for ci, cond := range toxics.CI() {
-		// Under baseline both specs are aimed at a cancelled request that
-		// keeps its queue slot and at one that is still dispatched.
-		Context("under "+cond.Name, spec.Condition(cond.Name), spec.CatchesUnder(cond, server.FaultCancelLeak, server.FaultCancelDouble, server.FaultCloseRunsQueued), func() {
-			It("answers every request of a cancel storm exactly once and loses no capacity", func(ctx SpecContext) {
-				cancelStorm(ctx, cond, uint64(ci), stormFor, false)
-			}, SpecTimeout(2*time.Minute))
+	DescribeTable("answers every request of a cancel storm exactly once and loses no capacity", func(ctx SpecContext, cond toxics.Condition) {
+		cancelStorm(ctx, cond, uint64(ciIndex(cond)), stormFor, false)
+	}, spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)))
 
-			It("keeps serving other sessions through CloseSession, timeouts and resets mid-flight", func(ctx SpecContext) {
-				// victims and survivors keep slow reads (Slow.<ms>) in flight
-				h.Require(spec.Needs(cond, "service-time")...)
-				var opts []env.Option
-				if isReference() {
-					// a known pool, so the backlog closer's pipeline queues
-					opts = append(opts, env.WithServerEnv(map[string]string{"OPCUA_WORKERS": raceWorkers}))
-				}
-				e, err := h.Start(ctx, opts...)
-				Expect(err).NotTo(HaveOccurred(), "start environment")
-				rec := h.NewRecorder(map[string]string{"condition": cond.Name})
-				_, err = spec.Apply(ctx, e, rec, cond)
-				Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
-				// the victims' proxy is under the same condition
-				undo, err := e.Proxy.Apply(ctx, env.VictimProxyName, cond.Toxics)
-				Expect(err).NotTo(HaveOccurred(), "apply %s to %s", cond.Name, env.VictimProxyName)
-				DeferCleanup(undo, NodeTimeout(30*time.Second))
-				rng := rand.New(rand.NewPCG(uint64(GinkgoRandomSeed()), uint64(100+ci)))
-				exp := gmeasure.NewExperiment("close and reset races")
-				AddReportEntry(exp.Name, exp)
+	DescribeTable("keeps serving other sessions through CloseSession, timeouts and resets mid-flight", func(ctx SpecContext, cond toxics.Condition) {
+		// victims and survivors keep slow reads (Slow.<ms>) in flight
+		h.Require(spec.Needs(cond, "service-time")...)
+		var opts []env.Option
+		if isReference() {
+			// a known pool, so the backlog closer's pipeline queues
+			opts = append(opts, env.WithServerEnv(map[string]string{"OPCUA_WORKERS": raceWorkers}))
+		}
+		e, err := h.Start(ctx, opts...)
+		Expect(err).NotTo(HaveOccurred(), "start environment")
+		rec := h.NewRecorder(map[string]string{"condition": cond.Name})
+		_, err = spec.Apply(ctx, e, rec, cond)
+		Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
+		// the victims' proxy is under the same condition, recorded
+		// as a fault window of its own
+		if len(cond.Toxics) > 0 {
+			_, err = spec.Inject(ctx, e, rec, nemesis.Toxics(faultVictims+cond.Name, env.VictimProxyName, cond.Toxics...))
+			Expect(err).NotTo(HaveOccurred(), "apply %s to %s", cond.Name, env.VictimProxyName)
+		}
+		rng := rand.New(rand.NewPCG(uint64(GinkgoRandomSeed()), uint64(100+ciIndex(cond))))
+		exp := gmeasure.NewExperiment("close and reset races")
+		AddReportEntry(exp.Name, exp)
 
-				By("measuring a probe and the session count before the storm")
-				before := probe(ctx, e, rec, readingProbeBefore, exp, "probe before")
-				mon, err := uaclient.Open(ctx, e.Endpoint)
-				Expect(err).NotTo(HaveOccurred(), "open monitor session")
-				DeferCleanup(func(ctx context.Context) { _ = mon.Close(ctx) }, NodeTimeout(10*time.Second))
-				// The backlog closer (below) has an owner of its own, the
-				// target's second user, where it has one; where the target
-				// counts its owners' dispatches, a diagnostics session
-				// reads that count. It is open before the session count's
-				// baseline is taken, so that it is part of it.
-				backlogShape := victimSpec{outstanding: backlogDepth}
-				if u, err := h.Setup.Target.User(1); err == nil {
-					backlogShape.user = &u
-				}
-				var diag *opcua.Client
-				if e.Target.Diagnostics && backlogShape.user != nil {
-					diag, err = uaclient.Open(ctx, e.DirectEndpoint)
-					Expect(err).NotTo(HaveOccurred(), "open diagnostics session")
-					DeferCleanup(func(ctx context.Context) { _ = diag.Close(ctx) }, NodeTimeout(10*time.Second))
-				}
-				baseline, err := sessionCount(ctx, mon)
-				Expect(err).NotTo(HaveOccurred(), "read CurrentSessionCount")
-				rec.Reading(readingSessionsBaseline, float64(baseline))
+		By("measuring a probe and the session count before the storm")
+		before := probe(ctx, e, rec, readingProbeBefore, exp, "probe before")
+		mon, err := uaclient.Open(ctx, e.Endpoint)
+		Expect(err).NotTo(HaveOccurred(), "open monitor session")
+		DeferCleanup(func(ctx context.Context) { _ = mon.Close(ctx) }, NodeTimeout(10*time.Second))
+		// The backlog closer (below) has an owner of its own, the
+		// target's second user, where it has one; where the target
+		// counts its owners' dispatches, a diagnostics session
+		// reads that count. It is open before the session count's
+		// baseline is taken, so that it is part of it.
+		backlogShape := victimSpec{outstanding: backlogDepth}
+		if u, err := h.Setup.Target.User(1); err == nil {
+			backlogShape.user = &u
+		}
+		var diag *opcua.Client
+		if e.Target.Diagnostics && backlogShape.user != nil {
+			diag, err = uaclient.Open(ctx, e.DirectEndpoint)
+			Expect(err).NotTo(HaveOccurred(), "open diagnostics session")
+			DeferCleanup(func(ctx context.Context) { _ = diag.Close(ctx) }, NodeTimeout(10*time.Second))
+		}
+		baseline, err := sessionCount(ctx, mon)
+		Expect(err).NotTo(HaveOccurred(), "read CurrentSessionCount")
+		rec.Reading(readingSessionsBaseline, float64(baseline))
 
-				By("serving survivors while victims are closed, timed out and reset")
-				survivor := load.Session{Outstanding: 4, Requests: []load.Request{load.SlowRead(50 * time.Millisecond), load.FastRead()}}
-				if u, err := h.Setup.Target.User(0); err == nil {
-					// an owner of their own on servers that queue by user
-					survivor.User, survivor.Password = u.Name, u.Password
+		By("serving survivors while victims are closed, timed out and reset")
+		survivor := load.Session{Outstanding: 4, Requests: []load.Request{load.SlowRead(50 * time.Millisecond), load.FastRead()}}
+		if u, err := h.Setup.Target.User(0); err == nil {
+			// an owner of their own on servers that queue by user
+			survivor.User, survivor.Password = u.Name, u.Password
+		}
+		type result struct {
+			st  load.Stats
+			err error
+		}
+		done := make(chan result, 1)
+		survivorsFrom := rec.Now()
+		go func() {
+			defer GinkgoRecover()
+			st, err := load.Run(ctx, rec, load.Profile{Name: "survivors", Endpoint: e.Endpoint, Duration: raceFor, RequestTimeout: victimRequestTimeout,
+				Sessions: load.Sessions(2, "survivor-", survivor)})
+			done <- result{st, err}
+		}()
+		var closers, timedOut, reset []*victim
+		for i := range victimsPerGroup {
+			closers = append(closers, openVictim(ctx, rec, e.Endpoint, fmt.Sprintf("closer-%02d", i)))
+			timedOut = append(timedOut, openVictim(ctx, rec, e.VictimEndpoint, fmt.Sprintf("timeout-%02d", i)))
+		}
+		// The backlog closer: an owner of its own (the target's
+		// second user, where it has one) with a pipeline far deeper
+		// than its share of the workers, so most of its reads are
+		// queued when it is closed. They must be refused or go with
+		// the session, never run after the close. Where the target
+		// counts its owners' dispatches, the count is read right
+		// after the CloseSession response and once every victim
+		// drained: it must not grow in between.
+		backlog := openVictim(ctx, rec, e.Endpoint, "backlog-00", backlogShape)
+		closers = append(closers, backlog)
+		var dispatched map[string]string
+		readDispatched := func(context.Context) {}
+		if diag != nil {
+			node := "Owner." + backlog.owner + ".Dispatched"
+			dispatched = map[string]string{backlog.name: "diag." + node}
+			readDispatched = func(ctx context.Context) {
+				GinkgoHelper()
+				v, err := uaclient.ReadValue(ctx, diag, ua.NewStringNodeID(1, node))
+				Expect(err).NotTo(HaveOccurred(), "read ns=1;s=%s", node)
+				if n, ok := v.Value().(int64); ok {
+					rec.Reading(dispatched[backlog.name], float64(n))
 				}
-				type result struct {
-					st  load.Stats
-					err error
-				}
-				done := make(chan result, 1)
-				survivorsFrom := rec.Now()
-				go func() {
-					defer GinkgoRecover()
-					st, err := load.Run(ctx, rec, load.Profile{Name: "survivors", Endpoint: e.Endpoint, Duration: raceFor, RequestTimeout: victimRequestTimeout,
-						Sessions: load.Sessions(2, "survivor-", survivor)})
-					done <- result{st, err}
-				}()
-				var closers, timedOut, reset []*victim
-				for i := range victimsPerGroup {
-					closers = append(closers, openVictim(ctx, rec, e.Endpoint, fmt.Sprintf("closer-%02d", i)))
-					timedOut = append(timedOut, openVictim(ctx, rec, e.VictimEndpoint, fmt.Sprintf("timeout-%02d", i)))
-				}
-				// The backlog closer: an owner of its own (the target's
-				// second user, where it has one) with a pipeline far deeper
-				// than its share of the workers, so most of its reads are
-				// queued when it is closed. They must be refused or go with
-				// the session, never run after the close. Where the target
-				// counts its owners' dispatches, the count is read right
-				// after the CloseSession response and once every victim
-				// drained: it must not grow in between.
-				backlog := openVictim(ctx, rec, e.Endpoint, "backlog-00", backlogShape)
-				closers = append(closers, backlog)
-				var dispatched map[string]string
-				readDispatched := func(context.Context) {}
-				if diag != nil {
-					node := "Owner." + backlog.owner + ".Dispatched"
-					dispatched = map[string]string{backlog.name: "diag." + node}
-					readDispatched = func(ctx context.Context) {
-						GinkgoHelper()
-						v, err := uaclient.ReadValue(ctx, diag, ua.NewStringNodeID(1, node))
-						Expect(err).NotTo(HaveOccurred(), "read ns=1;s=%s", node)
-						if n, ok := v.Value().(int64); ok {
-							rec.Reading(dispatched[backlog.name], float64(n))
-						}
-					}
-					backlog.closed = readDispatched
-				}
-				var closed sync.WaitGroup
-				for _, v := range closers {
-					at := time.Second + time.Duration(rng.Int64N(int64(1500*time.Millisecond)))
-					rec.SetLabel("close."+v.name, at.String())
-					closed.Add(1)
-					go func() {
-						defer GinkgoRecover()
-						defer closed.Done()
-						sleep(ctx, at)
-						v.close(ctx)
-					}()
-				}
-				sleep(ctx, 2*time.Second)
-				kill(ctx, e, rec, faultTimeout, toxics.Timeout(toxics.Downstream, 500), time.Second)
-				for i := range victimsPerGroup {
-					reset = append(reset, openVictim(ctx, rec, e.VictimEndpoint, fmt.Sprintf("reset-%02d", i)))
-				}
-				during, err := sessionCount(ctx, mon)
-				Expect(err).NotTo(HaveOccurred(), "read CurrentSessionCount")
-				// the assumption race-sessions-seen: the count saw the
-				// victims, or its return to the baseline proves nothing
-				rec.Reading(readingSessionsDuring, float64(during))
-				sleep(ctx, time.Second)
-				kill(ctx, e, rec, faultReset, toxics.ResetPeer(toxics.Downstream, 0), 500*time.Millisecond)
-				closed.Wait()
-				for _, v := range append(timedOut, reset...) {
-					v.wg.Wait()
-				}
-				res := <-done
-				Expect(res.err).NotTo(HaveOccurred(), "run survivors")
-				readDispatched(ctx) // every closed session's reads have ended
-				figs := spec.Prefixed("race.", res.st.Figures())
+			}
+			backlog.closed = readDispatched
+		}
+		var closed sync.WaitGroup
+		for _, v := range closers {
+			at := time.Second + time.Duration(rng.Int64N(int64(1500*time.Millisecond)))
+			rec.SetLabel("close."+v.name, at.String())
+			closed.Add(1)
+			go func() {
+				defer GinkgoRecover()
+				defer closed.Done()
+				sleep(ctx, at)
+				v.close(ctx)
+			}()
+		}
+		sleep(ctx, 2*time.Second)
+		kill(ctx, e, rec, faultTimeout, toxics.Timeout(toxics.Downstream, 500), time.Second)
+		for i := range victimsPerGroup {
+			reset = append(reset, openVictim(ctx, rec, e.VictimEndpoint, fmt.Sprintf("reset-%02d", i)))
+		}
+		during, err := sessionCount(ctx, mon)
+		Expect(err).NotTo(HaveOccurred(), "read CurrentSessionCount")
+		// the assumption race-sessions-seen: the count saw the
+		// victims, or its return to the baseline proves nothing
+		rec.Reading(readingSessionsDuring, float64(during))
+		sleep(ctx, time.Second)
+		kill(ctx, e, rec, faultReset, toxics.ResetPeer(toxics.Downstream, 0), 500*time.Millisecond)
+		closed.Wait()
+		for _, v := range append(timedOut, reset...) {
+			v.wg.Wait()
+		}
+		res := <-done
+		Expect(res.err).NotTo(HaveOccurred(), "run survivors")
+		readDispatched(ctx) // every closed session's reads have ended
+		figs := spec.Prefixed("race.", res.st.Figures())
 
-				By("waiting for CurrentSessionCount to return to its baseline")
-				// every reading is recorded; race-sessions-released judges
-				// the last
-				settled := time.Now()
-				for deadline := settled.Add(sessionsSettle); ; {
-					n, err := sessionCount(ctx, mon)
-					Expect(err).NotTo(HaveOccurred(), "read CurrentSessionCount")
-					rec.Reading(readingSessionsAfter, float64(n))
-					if n == baseline || time.Now().After(deadline) || ctx.Err() != nil {
-						break
-					}
-					sleep(ctx, 100*time.Millisecond)
-				}
-				figs["race.sessions.baseline"] = float64(baseline)
-				figs["race.sessions.during"] = float64(during)
-				figs["race.sessions.settle_s"] = time.Since(settled).Seconds()
+		By("waiting for CurrentSessionCount to return to its baseline")
+		// every reading is recorded; race-sessions-released judges
+		// the last
+		settled := time.Now()
+		for deadline := settled.Add(sessionsSettle); ; {
+			n, err := sessionCount(ctx, mon)
+			Expect(err).NotTo(HaveOccurred(), "read CurrentSessionCount")
+			rec.Reading(readingSessionsAfter, float64(n))
+			if n == baseline || time.Now().After(deadline) || ctx.Err() != nil {
+				break
+			}
+			sleep(ctx, 100*time.Millisecond)
+		}
+		figs["race.sessions.baseline"] = float64(baseline)
+		figs["race.sessions.during"] = float64(during)
+		figs["race.sessions.settle_s"] = time.Since(settled).Seconds()
 
-				By("measuring the probe after the storm")
-				after := probe(ctx, e, rec, readingProbeAfter, exp, "probe after")
-				ratio := float64(after) / float64(before)
-				figs["race.probe.before_ms"] = float64(before) / float64(time.Millisecond)
-				figs["race.probe.after_ms"] = float64(after) / float64(time.Millisecond)
-				figs["race.probe.ratio"] = ratio
+		By("measuring the probe after the storm")
+		after := probe(ctx, e, rec, readingProbeAfter, exp, "probe after")
+		ratio := float64(after) / float64(before)
+		figs["race.probe.before_ms"] = float64(before) / float64(time.Millisecond)
+		figs["race.probe.after_ms"] = float64(after) / float64(time.Millisecond)
+		figs["race.probe.ratio"] = ratio
 
-				survivors := []history.Kind{history.KindRead, history.KindSlowRead, history.KindSession}
-				// The survivors' throughput right after the backlog closer's
-				// CloseSession against before it: back at once.
-				var backlogClose history.Op
-				for _, op := range rec.History().Ops {
-					if op.Session == backlog.name && op.Kind == check.KindCloseSession {
-						backlogClose = op
-					}
-				}
-				// A failed CloseSession fails race-victims-errors (and
-				// race-closed-session has none to judge).
-				spec.Judge("cancellation", cond.Name, rec, figs,
-					check.Assume("race-sessions-seen", check.ReadingsConfig{
-						Reading: readingSessionsDuring, Minus: readingSessionsBaseline, Min: check.Bound(1), Required: true,
-						What: "CurrentSessionCount with the victims open over its baseline",
-					}),
-					check.Spec{Name: "race-sessions-released", Config: check.ReadingsConfig{
-						Reading: readingSessionsAfter, Minus: readingSessionsBaseline, Min: check.Bound(0), Max: check.Bound(0), Required: true,
-						What: fmt.Sprintf("CurrentSessionCount %v after the storm over its baseline (sessions of closed, timed out or reset connections not released)", sessionsSettle),
-					}},
-					check.Spec{Name: "race-probe", Config: check.ReadingsConfig{
-						Reading: readingProbeAfter, Stat: check.StatMedian, Ratio: readingProbeBefore, Max: check.Bound(maxProbeRatio), Required: true,
-						What: "a fresh session's median probe latency after the storm over before",
-					}},
-					// catches fault close-runs-queued
-					check.Spec{Name: "race-closed-session", Config: check.ClosedSessionConfig{
-						Kinds: []history.Kind{kindVictim}, Grace: closeGrace, Dispatched: dispatched,
-					}},
-					check.Spec{Name: "race-survivors-recovery", Config: check.RecoveryConfig{
-						Baseline:  history.Window{Start: survivorsFrom + 300*time.Millisecond, End: backlogClose.Invoke},
-						Recovered: history.Window{Start: backlogClose.Complete, End: backlogClose.Complete + time.Second},
-						Kinds:     []history.Kind{history.KindRead, history.KindSlowRead}, Bucket: 250 * time.Millisecond, MinRatio: minRatio,
-					}},
-					check.Spec{Name: "race-survivors-stall", Config: check.StallConfig{Kinds: survivors, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
-					check.Spec{Name: "race-survivors-errors", Config: check.ErrorBudgetConfig{Kinds: survivors, Drained: check.Codes{}}},
-					check.Spec{Name: "race-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead, history.KindSlowRead, kindVictim}}},
-					// a closed session's reads are answered (BadSessionClosed
-					// if still queued); dead connections only in the toxics
-					check.Spec{Name: "race-victims-errors", Config: check.ErrorBudgetConfig{
-						Kinds:   []history.Kind{kindVictim, check.KindCloseSession},
-						Allowed: check.Codes{ua.StatusBadSessionClosed, ua.StatusBadSessionIDInvalid},
-						Excuse:  []string{faultTimeout, faultReset}, Grace: 2 * time.Second,
-					}},
-				)
-			}, SpecTimeout(2*time.Minute))
-		})
-	}
+		survivors := []history.Kind{history.KindRead, history.KindSlowRead, history.KindSession}
+		// The survivors' throughput right after the backlog closer's
+		// CloseSession against before it: back at once.
+		var backlogClose history.Op
+		for _, op := range rec.History().Ops {
+			if op.Session == backlog.name && op.Kind == check.KindCloseSession {
+				backlogClose = op
+			}
+		}
+		// A failed CloseSession fails race-victims-errors (and
+		// race-closed-session has none to judge).
+		spec.Judge("cancellation", cond.Name, rec, figs,
+			check.Assume("race-sessions-seen", check.ReadingsConfig{
+				Reading: readingSessionsDuring, Minus: readingSessionsBaseline, Min: check.Bound(1), Required: true,
+				What: "CurrentSessionCount with the victims open over its baseline",
+			}),
+			check.Spec{Name: "race-sessions-released", Config: check.ReadingsConfig{
+				Reading: readingSessionsAfter, Minus: readingSessionsBaseline, Min: check.Bound(0), Max: check.Bound(0), Required: true,
+				What: fmt.Sprintf("CurrentSessionCount %v after the storm over its baseline (sessions of closed, timed out or reset connections not released)", sessionsSettle),
+			}},
+			check.Spec{Name: "race-probe", Config: check.ReadingsConfig{
+				Reading: readingProbeAfter, Stat: check.StatMedian, Ratio: readingProbeBefore, Max: check.Bound(maxProbeRatio), Required: true,
+				What: "a fresh session's median probe latency after the storm over before",
+			}},
+			// catches fault close-runs-queued
+			check.Spec{Name: "race-closed-session", Config: check.ClosedSessionConfig{
+				Kinds: []history.Kind{kindVictim}, Grace: closeGrace, Dispatched: dispatched,
+			}},
+			check.Spec{Name: "race-survivors-recovery", Config: check.RecoveryConfig{
+				Baseline:  history.Window{Start: survivorsFrom + 300*time.Millisecond, End: backlogClose.Invoke},
+				Recovered: history.Window{Start: backlogClose.Complete, End: backlogClose.Complete + time.Second},
+				Kinds:     []history.Kind{history.KindRead, history.KindSlowRead}, Bucket: 250 * time.Millisecond, MinRatio: minRatio,
+			}},
+			check.Spec{Name: "race-survivors-stall", Config: check.StallConfig{Kinds: survivors, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
+			check.Spec{Name: "race-survivors-errors", Config: check.ErrorBudgetConfig{Kinds: survivors, Drained: check.Codes{}}},
+			check.Spec{Name: "race-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead, history.KindSlowRead, kindVictim}}},
+			// a closed session's reads are answered (BadSessionClosed
+			// if still queued); dead connections only in the toxics
+			check.Spec{Name: "race-victims-errors", Config: check.ErrorBudgetConfig{
+				Kinds:   []history.Kind{kindVictim, check.KindCloseSession},
+				Allowed: check.Codes{ua.StatusBadSessionClosed, ua.StatusBadSessionIDInvalid},
+				Excuse:  []string{faultTimeout, faultReset}, Grace: 2 * time.Second,
+			}},
+		)
+	}, spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)))
 })

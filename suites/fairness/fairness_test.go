@@ -15,6 +15,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/report"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
 	"github.com/opcua-chaos/opcua-chaos/server"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
@@ -136,7 +137,7 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 	for _, o := range owners {
 		nodes = append(nodes, "Owner."+o.user+".Queued", "Owner."+o.user+".Emptied", "Owner."+o.user+".Dispatched")
 	}
-	sampler := spec.RecordDiagnostics(ctx, e, rec, sampleEvery, nodes...)
+	sampler := watch.SampleDiagnostics(ctx, e, rec, sampleEvery, nodes...)
 	steps, schedule := 0, func() error { return nil }
 	if tl.nemesis {
 		steps, schedule = spec.Nemesis(ctx, e, rec, tl.runFor()-5*time.Second)
@@ -237,39 +238,35 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 		weighted(ctx, toxics.Scheduled, workerBound, soakRun)
 	}, SpecTimeout(3*time.Minute))
 
-	for _, cond := range toxics.CI() {
-		Context("under "+cond.Name, spec.Condition(cond.Name), func() {
-			// Each spec starts its own environment (start) once it knows
-			// the target can run it: the spec timeout includes the start.
-			It("keeps a flooding owner from starving another of equal weight", func(ctx SpecContext) {
-				e := start(ctx, cond, "service-time", "users")
-				flood, victim, ok := h.Setup.Target.EqualPair()
-				if !ok {
-					spec.SkipAs(report.SkipCapability, fmt.Sprintf("target %s has no two users of equal weight (weights %s)", h.Setup.Target.Name, target.WeightsEnv(h.Setup.Target.Weights)))
-				}
-				// min/max of two equal owners ≥ 0.8 is the 0.8–1.25
-				// band; the victim is served in every window.
-				checks := append(assumptions("isolation", cond, cpuBound, ciRun, flood.Name, victim.Name),
-					check.Spec{Name: "isolation", Config: check.ShareConfig{
-						Span: ciRun.span(), Owners: []string{flood.Name, victim.Name},
-						Kinds: []history.Kind{cpuBound.request.Kind}, MinRatio: 0.8, MinOutstanding: deep / 2, MinServed: 20,
-						Unstarved: []string{victim.Name},
-					}},
-					check.Spec{Name: "isolation-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{cpuBound.request.Kind}}},
-				)
-				spec.Plan(checks...)
-				rec, figs := runShare(ctx, e, cond, cpuBound, ciRun, []owner{
-					{flood.Name, flood.Password, 8},
-					{victim.Name, victim.Password, 2},
-				})
-				spec.Judge("fairness", cond.Name, rec, figs, checks...)
-			}, SpecTimeout(2*time.Minute))
-
-			for _, sh := range []shape{cpuBound, workerBound} {
-				It("serves owners weighted 1:3 in proportion, "+sh.name+" (median of windows 2.5–3.5)", Label("service:"+sh.name), spec.CatchesUnder(cond, sh.catches...), func(ctx SpecContext) {
-					weighted(ctx, cond, sh, ciRun)
-				}, SpecTimeout(2*time.Minute))
-			}
+	// Each spec starts its own environment (start) once it knows the
+	// target can run it: the spec timeout includes the start.
+	DescribeTable("keeps a flooding owner from starving another of equal weight", func(ctx SpecContext, cond toxics.Condition) {
+		e := start(ctx, cond, "service-time", "users")
+		flood, victim, ok := h.Setup.Target.EqualPair()
+		if !ok {
+			spec.SkipAs(report.SkipCapability, fmt.Sprintf("target %s has no two users of equal weight (weights %s)", h.Setup.Target.Name, target.WeightsEnv(h.Setup.Target.Weights)))
+		}
+		// min/max of two equal owners ≥ 0.8 is the 0.8–1.25
+		// band; the victim is served in every window.
+		checks := append(assumptions("isolation", cond, cpuBound, ciRun, flood.Name, victim.Name),
+			check.Spec{Name: "isolation", Config: check.ShareConfig{
+				Span: ciRun.span(), Owners: []string{flood.Name, victim.Name},
+				Kinds: []history.Kind{cpuBound.request.Kind}, MinRatio: 0.8, MinOutstanding: deep / 2, MinServed: 20,
+				Unstarved: []string{victim.Name},
+			}},
+			check.Spec{Name: "isolation-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{cpuBound.request.Kind}}},
+		)
+		spec.Plan(checks...)
+		rec, figs := runShare(ctx, e, cond, cpuBound, ciRun, []owner{
+			{flood.Name, flood.Password, 8},
+			{victim.Name, victim.Password, 2},
 		})
+		spec.Judge("fairness", cond.Name, rec, figs, checks...)
+	}, spec.Entries(toxics.CI(), nil, SpecTimeout(2*time.Minute)))
+
+	for _, sh := range []shape{cpuBound, workerBound} {
+		DescribeTable("serves owners weighted 1:3 in proportion, "+sh.name+" (median of windows 2.5–3.5)", func(ctx SpecContext, cond toxics.Condition) {
+			weighted(ctx, cond, sh, ciRun)
+		}, spec.Entries(toxics.CI(), sh.catches, Label("service:"+sh.name), SpecTimeout(2*time.Minute)))
 	}
 })

@@ -10,7 +10,6 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/subscribe"
@@ -33,6 +32,11 @@ const (
 	// the requested one to, in milliseconds.
 	readingRevisedSampling = "subscription.revised_sampling_ms"
 )
+
+// catches are the reference server's faults both specs are aimed at under
+// baseline: a sampler that drifts, a server that drops Publish requests
+// and a sampler that never samples some items.
+var catches = []server.Fault{server.FaultSamplingDrift, server.FaultPublishDrop, server.FaultSamplerSkips}
 
 var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 	It("samples 1024 items at 10 ms through a seeded nemesis schedule and recovers its rate after every fault", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
@@ -78,62 +82,51 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 		)
 	}, SpecTimeout(3*time.Minute))
 
-	for _, cond := range toxics.CI() {
-		// Under baseline both specs are aimed at a sampler that drifts and
-		// at a server that drops Publish requests.
-		Context("under "+cond.Name, spec.Condition(cond.Name), spec.CatchesUnder(cond, server.FaultSamplingDrift, server.FaultPublishDrop, server.FaultSamplerSkips), func() {
-			var e *env.Env
-			BeforeEach(func(ctx SpecContext) {
-				// Both specs subscribe to the target's sampled counters.
-				h.Require(spec.Needs(cond, "sampling")...)
-				var err error
-				e, err = h.Start(ctx)
-				Expect(err).NotTo(HaveOccurred(), "start environment")
-			}, NodeTimeout(2*time.Minute))
+	// With 1024 items: catches fault sampler-skips (items-1024:
+	// subscribed items that deliver no sample; the history names
+	// every item created, so check.Sampling judges each).
+	for _, items := range []int{1, 1024} {
+		DescribeTable(fmt.Sprintf("delivers ≥ 99 %% of the samples of each of %d item(s) at 10 ms", items), func(ctx SpecContext, cond toxics.Condition) {
+			// Both specs subscribe to the target's sampled counters.
+			h.Require(spec.Needs(cond, "sampling")...)
+			e, err := h.Start(ctx)
+			Expect(err).NotTo(HaveOccurred(), "start environment")
+			pattern := h.Setup.Target.SampleNode
+			rec := h.NewRecorder(map[string]string{"condition": cond.Name, "items": fmt.Sprint(items)})
+			_, err = spec.Apply(ctx, e, rec, cond)
+			Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
 
-			// With 1024 items: catches fault sampler-skips (items-1024:
-			// subscribed items that deliver no sample; the history names
-			// every item created, so check.Sampling judges each).
-			for _, items := range []int{1, 1024} {
-				It(fmt.Sprintf("delivers ≥ 99 %% of the samples of each of %d item(s) at 10 ms", items), func(ctx SpecContext) {
-					pattern := h.Setup.Target.SampleNode
-					rec := h.NewRecorder(map[string]string{"condition": cond.Name, "items": fmt.Sprint(items)})
-					_, err := spec.Apply(ctx, e, rec, cond)
-					Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
+			c, err := uaclient.Open(ctx, e.Endpoint)
+			Expect(err).NotTo(HaveOccurred(), "open session")
+			DeferCleanup(func(ctx context.Context) { _ = c.Close(ctx) }, NodeTimeout(10*time.Second))
 
-					c, err := uaclient.Open(ctx, e.Endpoint)
-					Expect(err).NotTo(HaveOccurred(), "open session")
-					DeferCleanup(func(ctx context.Context) { _ = c.Close(ctx) }, NodeTimeout(10*time.Second))
-
-					// Several Publish requests outstanding so a response in
-					// flight over a slow link never leaves the server
-					// without one.
-					st, err := subscribe.Run(ctx, rec, c, subscribe.Config{
-						Client: "sub", Items: items,
-						Node: func(i int) *ua.NodeID { return ua.MustParseNodeID(fmt.Sprintf(pattern, i)) }, Sampling: interval, Publishing: publishing,
-						Outstanding: 4, Duration: warmup + judged + time.Second,
-					})
-					Expect(err).NotTo(HaveOccurred(), "subscribe")
-					figs := st.Figures()
-					rec.Reading(readingRevisedSampling, float64(st.RevisedSampling)/float64(time.Millisecond))
-					span := check.Span{From: warmup, To: warmup + judged, Count: 5}
-					spec.Judge(property, cond.Name, rec, figs,
-						check.Spec{Name: fmt.Sprintf("items-%d", items), Config: check.SamplingConfig{
-							Span:     span,
-							Interval: interval, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.99,
-						}},
-						check.Spec{Name: fmt.Sprintf("items-%d-publish", items), Config: check.ErrorBudgetConfig{
-							// Publish requests still out when the run ends are
-							// abandoned by the client, not lost: judge the span.
-							Span: span, Kinds: []history.Kind{history.KindPublish}}},
-						// the server samples at the interval asked for
-						check.Spec{Name: fmt.Sprintf("items-%d-interval", items), Config: check.ReadingsConfig{
-							Reading: readingRevisedSampling, Max: check.Bound(float64(interval) / float64(time.Millisecond)), Required: true,
-							What: "revised sampling interval in ms",
-						}},
-					)
-				}, SpecTimeout(time.Minute))
-			}
-		})
+			// Several Publish requests outstanding so a response in
+			// flight over a slow link never leaves the server
+			// without one.
+			st, err := subscribe.Run(ctx, rec, c, subscribe.Config{
+				Client: "sub", Items: items,
+				Node: func(i int) *ua.NodeID { return ua.MustParseNodeID(fmt.Sprintf(pattern, i)) }, Sampling: interval, Publishing: publishing,
+				Outstanding: 4, Duration: warmup + judged + time.Second,
+			})
+			Expect(err).NotTo(HaveOccurred(), "subscribe")
+			figs := st.Figures()
+			rec.Reading(readingRevisedSampling, float64(st.RevisedSampling)/float64(time.Millisecond))
+			span := check.Span{From: warmup, To: warmup + judged, Count: 5}
+			spec.Judge(property, cond.Name, rec, figs,
+				check.Spec{Name: fmt.Sprintf("items-%d", items), Config: check.SamplingConfig{
+					Span:     span,
+					Interval: interval, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.99,
+				}},
+				check.Spec{Name: fmt.Sprintf("items-%d-publish", items), Config: check.ErrorBudgetConfig{
+					// Publish requests still out when the run ends are
+					// abandoned by the client, not lost: judge the span.
+					Span: span, Kinds: []history.Kind{history.KindPublish}}},
+				// the server samples at the interval asked for
+				check.Spec{Name: fmt.Sprintf("items-%d-interval", items), Config: check.ReadingsConfig{
+					Reading: readingRevisedSampling, Max: check.Bound(float64(interval) / float64(time.Millisecond)), Required: true,
+					What: "revised sampling interval in ms",
+				}},
+			)
+		}, spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)))
 	}
 })

@@ -25,6 +25,11 @@ const property = "wakeups"
 // profile are longer, so a request stranded until the next burst shows.
 const maxStall = 500 * time.Millisecond
 
+// catches are the reference server's faults every spec is aimed at under
+// baseline: a parked worker that misses its wakeup, a server that serves
+// one request at a time, responses lost on a live connection.
+var catches = []server.Fault{server.FaultLostWakeup, server.FaultSerialDispatch, server.FaultLostResponse}
+
 // start requires caps and what cond needs of the target (a spec the target
 // cannot run is skipped before anything starts), starts the environment
 // with the reference server's worker pool set to workers (ignored by other
@@ -106,79 +111,74 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 		)
 	}, SpecTimeout(3*time.Minute))
 
-	for _, cond := range toxics.CI() {
-		// Under baseline every spec is aimed at a parked worker that misses
-		// its wakeup and at a server that serves one request at a time.
-		Context("under "+cond.Name, spec.Condition(cond.Name), spec.CatchesUnder(cond, server.FaultLostWakeup, server.FaultSerialDispatch, server.FaultLostResponse), func() {
-			It("completes bursts separated by idle gaps, with few workers that park often", func(ctx SpecContext) {
-				e, rec := start(ctx, cond, 2)
-				// Seeded from the suite seed: replay with --seed.
-				rng := rand.New(rand.NewPCG(uint64(GinkgoRandomSeed()), 0x5eed))
-				p := load.Profile{Name: "bursty", Endpoint: e.Endpoint, Duration: 10 * time.Second}
-				gaps := map[string]float64{}
-				for i := range 6 {
-					idle := time.Duration(600+rng.IntN(600)) * time.Millisecond
-					active := time.Duration(20+rng.IntN(80)) * time.Millisecond
-					name := fmt.Sprintf("burst%02d", i)
-					gaps["idle_ms."+name] = float64(idle.Milliseconds())
-					p.Sessions = append(p.Sessions, load.Session{
-						Name: name,
-						Open: &load.OpenLoop{Rate: 200, Active: active, Idle: idle, Burst: 1 + rng.IntN(8), MaxOutstanding: 200},
-					})
+	DescribeTable("completes bursts separated by idle gaps, with few workers that park often", func(ctx SpecContext, cond toxics.Condition) {
+		e, rec := start(ctx, cond, 2)
+		// Seeded from the suite seed: replay with --seed.
+		rng := rand.New(rand.NewPCG(uint64(GinkgoRandomSeed()), 0x5eed))
+		p := load.Profile{Name: "bursty", Endpoint: e.Endpoint, Duration: 10 * time.Second}
+		gaps := map[string]float64{}
+		for i := range 6 {
+			idle := time.Duration(600+rng.IntN(600)) * time.Millisecond
+			active := time.Duration(20+rng.IntN(80)) * time.Millisecond
+			name := fmt.Sprintf("burst%02d", i)
+			gaps["idle_ms."+name] = float64(idle.Milliseconds())
+			p.Sessions = append(p.Sessions, load.Session{
+				Name: name,
+				Open: &load.OpenLoop{Rate: 200, Active: active, Idle: idle, Burst: 1 + rng.IntN(8), MaxOutstanding: 200},
+			})
+		}
+		rec.SetLabel("profile", fmt.Sprint(gaps))
+		figs := run(ctx, rec, p)
+		spec.Judge(property, cond.Name, rec, figs, stallCheck("bursty", check.BySession, history.KindRead),
+			check.Spec{Name: "bursty-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce("bursty-exactly-once"), sessionsOpened("bursty-sessions"))
+	}, spec.Entries(toxics.CI(), catches, SpecTimeout(time.Minute)))
+
+	for _, capacity := range []struct {
+		name    string
+		workers int
+	}{{"ample", 0}, {"scarce", 1}} {
+		// catches fault lost-response (shapes-*-exactly-once, shapes-*-errors: lost responses)
+		DescribeTable(fmt.Sprintf("completes pipelines of shapes 1×200, 10×100 and 64×1 with %s server capacity", capacity.name), func(ctx SpecContext, cond toxics.Condition) {
+			e, rec := start(ctx, cond, capacity.workers)
+			figs := map[string]float64{}
+			for _, shape := range []struct{ sessions, outstanding int }{{1, 200}, {10, 100}, {64, 1}} {
+				name := fmt.Sprintf("%dx%d", shape.sessions, shape.outstanding)
+				By("driving " + name)
+				rec.Mark("shape "+name, "")
+				p := load.Pipelined(e.Endpoint, shape.sessions, shape.outstanding)
+				p.Name, p.Duration = name, 2500*time.Millisecond
+				for i := range p.Sessions {
+					p.Sessions[i].Name = fmt.Sprintf("%s-%02d", name, i)
 				}
-				rec.SetLabel("profile", fmt.Sprint(gaps))
-				figs := run(ctx, rec, p)
-				spec.Judge(property, cond.Name, rec, figs, stallCheck("bursty", check.BySession, history.KindRead),
-					check.Spec{Name: "bursty-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce("bursty-exactly-once"), sessionsOpened("bursty-sessions"))
-			}, SpecTimeout(time.Minute))
-
-			for _, capacity := range []struct {
-				name    string
-				workers int
-			}{{"ample", 0}, {"scarce", 1}} {
-				// catches fault lost-response (shapes-*-exactly-once, shapes-*-errors: lost responses)
-				It(fmt.Sprintf("completes pipelines of shapes 1×200, 10×100 and 64×1 with %s server capacity", capacity.name), func(ctx SpecContext) {
-					e, rec := start(ctx, cond, capacity.workers)
-					figs := map[string]float64{}
-					for _, shape := range []struct{ sessions, outstanding int }{{1, 200}, {10, 100}, {64, 1}} {
-						name := fmt.Sprintf("%dx%d", shape.sessions, shape.outstanding)
-						By("driving " + name)
-						rec.Mark("shape "+name, "")
-						p := load.Pipelined(e.Endpoint, shape.sessions, shape.outstanding)
-						p.Name, p.Duration = name, 2500*time.Millisecond
-						for i := range p.Sessions {
-							p.Sessions[i].Name = fmt.Sprintf("%s-%02d", name, i)
-						}
-						for k, v := range run(ctx, rec, p) {
-							figs[name+"."+k] = v
-						}
-					}
-					// Progress is judged over the whole server: with one
-					// worker, 1 000 requests queue in one owner's FIFO in
-					// blocks of a session's pipeline, so a session waits
-					// for the other sessions' blocks (≈ 900 requests,
-					// 200–500 ms under 0.5 CPU) without any wakeup being
-					// lost. The seed's stall (an emptied owner left with
-					// no turn) stops the whole pipeline; a session starved
-					// for good fails MaxLatency.
-					spec.Judge(property, cond.Name, rec, figs, stallCheck("shapes-"+capacity.name, check.ByRun, history.KindRead),
-						check.Spec{Name: "shapes-" + capacity.name + "-errors", Config: check.ErrorBudgetConfig{}},
-						exactlyOnce("shapes-"+capacity.name+"-exactly-once"), sessionsOpened("shapes-"+capacity.name+"-sessions"))
-				}, SpecTimeout(90*time.Second))
+				for k, v := range run(ctx, rec, p) {
+					figs[name+"."+k] = v
+				}
 			}
+			// Progress is judged over the whole server: with one
+			// worker, 1 000 requests queue in one owner's FIFO in
+			// blocks of a session's pipeline, so a session waits
+			// for the other sessions' blocks (≈ 900 requests,
+			// 200–500 ms under 0.5 CPU) without any wakeup being
+			// lost. The seed's stall (an emptied owner left with
+			// no turn) stops the whole pipeline; a session starved
+			// for good fails MaxLatency.
+			spec.Judge(property, cond.Name, rec, figs, stallCheck("shapes-"+capacity.name, check.ByRun, history.KindRead),
+				check.Spec{Name: "shapes-" + capacity.name + "-errors", Config: check.ErrorBudgetConfig{}},
+				exactlyOnce("shapes-"+capacity.name+"-exactly-once"), sessionsOpened("shapes-"+capacity.name+"-sessions"))
+		}, spec.Entries(toxics.CI(), catches, SpecTimeout(90*time.Second)))
 
-			It("keeps serving fast requests while other sessions' slow requests run", func(ctx SpecContext) {
-				e, rec := start(ctx, cond, 0, "service-time")
-				// 4 sessions keep one 1 s request each in flight; a
-				// server that serves requests one at a time (head-of-line
-				// blocking) leaves the fast session waiting a second.
-				p := load.Profile{Name: "head-of-line", Endpoint: e.Endpoint, Duration: 6 * time.Second}
-				p.Sessions = append(load.Sessions(4, "slow", load.Session{Outstanding: 1, Requests: []load.Request{load.SlowRead(time.Second)}}),
-					load.Session{Name: "fast", Outstanding: 4})
-				figs := run(ctx, rec, p)
-				spec.Judge(property, cond.Name, rec, figs, stallCheck("head-of-line", check.BySession, history.KindRead),
-					check.Spec{Name: "head-of-line-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce("head-of-line-exactly-once"), sessionsOpened("head-of-line-sessions"))
-			}, SpecTimeout(time.Minute))
-		})
 	}
+
+	DescribeTable("keeps serving fast requests while other sessions' slow requests run", func(ctx SpecContext, cond toxics.Condition) {
+		e, rec := start(ctx, cond, 0, "service-time")
+		// 4 sessions keep one 1 s request each in flight; a
+		// server that serves requests one at a time (head-of-line
+		// blocking) leaves the fast session waiting a second.
+		p := load.Profile{Name: "head-of-line", Endpoint: e.Endpoint, Duration: 6 * time.Second}
+		p.Sessions = append(load.Sessions(4, "slow", load.Session{Outstanding: 1, Requests: []load.Request{load.SlowRead(time.Second)}}),
+			load.Session{Name: "fast", Outstanding: 4})
+		figs := run(ctx, rec, p)
+		spec.Judge(property, cond.Name, rec, figs, stallCheck("head-of-line", check.BySession, history.KindRead),
+			check.Spec{Name: "head-of-line-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce("head-of-line-exactly-once"), sessionsOpened("head-of-line-sessions"))
+	}, spec.Entries(toxics.CI(), catches, SpecTimeout(time.Minute)))
 })
