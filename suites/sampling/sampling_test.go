@@ -124,7 +124,7 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 				// the server samples at the interval asked for
 				check.Spec{Name: fmt.Sprintf("items-%d-interval", items), Config: check.ReadingsConfig{
 					Reading: readingRevisedSampling, Max: check.Bound(float64(interval) / float64(time.Millisecond)), Required: true,
-					What: "revised sampling interval in ms",
+					What: "revised sampling interval in ms", Discrete: true,
 				}},
 			)
 		}, spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)))
