@@ -95,6 +95,7 @@
 //	ns=1;s=Channel.BackpressurePauses     times a channel stopped reading
 //	ns=1;s=Channel.MaxPendingResponses    most responses pending on a channel
 //	ns=1;s=Channel.PendingResponses       responses pending now
+//	ns=1;s=Channel.ParkedRequests         Publish requests queued now
 //	ns=1;s=Slow.<ms>                  sleeps <ms> (0..600000), honouring
 //	                                  cancellation and TimeoutHint; value <ms>
 //	ns=1;s=Busy.<µs>                  burns CPU for <µs> (0..60000000) by
@@ -121,7 +122,10 @@
 // samples at once and the grid stays; skipped points count in
 // Sampling.Missed); queues honour QueueSize and DiscardOldest (overflow
 // bit). Up to 100 Publish requests queue per session (beyond,
-// BadTooManyPublishRequests for the oldest); a response carries at most the
+// BadTooManyPublishRequests for the oldest). A queued Publish is parked on
+// its channel: it holds no backpressure slot (a client with 100 outstanding
+// Publishes would otherwise stop its channel's reader at the high mark) and
+// no worker. A response carries at most the
 // subscription's MaxNotificationsPerPublish and fits one chunk of the
 // client's receive buffer (from its Hello): the rest follows with
 // MoreNotifications.

@@ -480,8 +480,8 @@ func (c *chanStats) remove(ch *channel.Channel) {
 }
 
 // totals returns backpressure pauses, the highest pending count seen on any
-// channel, and the responses pending now.
-func (c *chanStats) totals() (pauses int64, maxPending, pending int) {
+// channel, and the responses pending and the requests parked now.
+func (c *chanStats) totals() (pauses int64, maxPending, pending, parked int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	pauses, maxPending = c.pauses, c.maxPending
@@ -490,8 +490,9 @@ func (c *chanStats) totals() (pauses int64, maxPending, pending int) {
 		pauses += st.Pauses
 		maxPending = max(maxPending, st.MaxPending)
 		pending += st.Pending
+		parked += st.Parked
 	}
-	return pauses, maxPending, pending
+	return pauses, maxPending, pending, parked
 }
 
 func weightsString(w map[string]int) string {
