@@ -64,6 +64,9 @@
 //	i=2281  SessionTimeoutCount                UInt32
 //	i=2288  RejectedRequestsCount              UInt32 (requests answered with a Bad service result)
 //	i=2276, 2282, 2284–2287  other summary counters, always 0
+//	ServerCapabilities (UInt32): OperationLimits.MaxNodesPerRead (10000),
+//	        OperationLimits.MaxMonitoredItemsPerCall, MaxMonitoredItems,
+//	        MaxMonitoredItemsPerSubscription (Config, see Subscriptions)
 //
 // Namespace 1 (string ids, Int64 values):
 //
@@ -129,6 +132,10 @@
 // subscription's MaxNotificationsPerPublish and fits one chunk of the
 // client's receive buffer (from its Hello): the rest follows with
 // MoreNotifications.
+// CreateMonitoredItems takes at most Config.MaxMonitoredItemsPerCall items
+// per call (BadTooManyOperations beyond); an item beyond
+// MaxMonitoredItemsPerSession live items of its session or
+// MaxMonitoredItems of all sessions gets BadTooManyMonitoredItems.
 // Unacknowledged messages stay in a 256-message retransmission queue for
 // Republish; keep-alives carry the next sequence number. A subscription
 // without Publish requests for its lifetime count expires. Closing a

@@ -151,3 +151,138 @@ func TestPublishFlood(t *testing.T) {
 		t.Errorf("%d requests still parked after CloseSession", p)
 	}
 }
+
+// createItemsRaw asks for n monitored items of CurrentTime (sampled every
+// second, queue size 1) in one CreateMonitoredItems call and returns the
+// service result and the count of each item result.
+func createItemsRaw(t *testing.T, c *uatest.Conn, sub uint32, n int) (ua.StatusCode, map[ua.StatusCode]int) {
+	t.Helper()
+	items := make([]*ua.MonitoredItemCreateRequest, n)
+	for i := range items {
+		items[i] = &ua.MonitoredItemCreateRequest{
+			ItemToMonitor: &ua.ReadValueID{NodeID: ua.NewNumericNodeID(0, id.Server_ServerStatus_CurrentTime),
+				AttributeID: ua.AttributeIDValue, DataEncoding: &ua.QualifiedName{}},
+			MonitoringMode: ua.MonitoringModeReporting,
+			RequestedParameters: &ua.MonitoringParameters{ClientHandle: uint32(i), SamplingInterval: 1000,
+				QueueSize: 1, DiscardOldest: true, Filter: ua.NewExtensionObject(nil)},
+		}
+	}
+	r, err := c.Call(&ua.CreateMonitoredItemsRequest{SubscriptionID: sub, TimestampsToReturn: ua.TimestampsToReturnBoth, ItemsToCreate: items})
+	if err != nil {
+		t.Fatalf("CreateMonitoredItems of %d items: %v", n, err)
+	}
+	codes := map[ua.StatusCode]int{}
+	if resp, ok := r.Value.(*ua.CreateMonitoredItemsResponse); ok {
+		for _, res := range resp.Results {
+			codes[res.StatusCode]++
+		}
+	}
+	return r.Status(), codes
+}
+
+// readUint32 reads a UInt32 node of namespace 0 on c.
+func readUint32(t *testing.T, c *uatest.Conn, node uint32) uint32 {
+	t.Helper()
+	r, err := c.Call(&ua.ReadRequest{TimestampsToReturn: ua.TimestampsToReturnNeither, NodesToRead: []*ua.ReadValueID{
+		{NodeID: ua.NewNumericNodeID(0, node), AttributeID: ua.AttributeIDValue, DataEncoding: &ua.QualifiedName{}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, ok := r.Value.(*ua.ReadResponse)
+	if !ok || len(resp.Results) != 1 || resp.Results[0].Value == nil {
+		t.Fatalf("read i=%d: %v", node, r.Status())
+	}
+	v, ok := resp.Results[0].Value.Value().(uint32)
+	if !ok {
+		t.Fatalf("read i=%d: %T, want uint32", node, resp.Results[0].Value.Value())
+	}
+	return v
+}
+
+// TestMonitoredItemLimits: CreateMonitoredItems above the per-call limit
+// is refused BadTooManyOperations; items beyond the per-session and the
+// total limit get BadTooManyMonitoredItems; deleting a subscription gives
+// its items back; the limits are advertised in ServerCapabilities.
+func TestMonitoredItemLimits(t *testing.T) {
+	ts := runServer(t, Config{MaxMonitoredItemsPerCall: 100, MaxMonitoredItemsPerSession: 250, MaxMonitoredItems: 400})
+	a := rawSessionChannel(t, ts.addr)
+	if got := readUint32(t, a, id.Server_ServerCapabilities_OperationLimits_MaxMonitoredItemsPerCall); got != 100 {
+		t.Errorf("OperationLimits.MaxMonitoredItemsPerCall = %d, want 100", got)
+	}
+	if got := readUint32(t, a, id.Server_ServerCapabilities_MaxMonitoredItems); got != 400 {
+		t.Errorf("ServerCapabilities.MaxMonitoredItems = %d, want 400", got)
+	}
+	subA := rawSubscription(t, a)
+	if st, _ := createItemsRaw(t, a, subA, 101); st != ua.StatusBadTooManyOperations {
+		t.Errorf("101 items in one call: %v, want BadTooManyOperations", st)
+	}
+	created := map[ua.StatusCode]int{}
+	for range 3 {
+		st, codes := createItemsRaw(t, a, subA, 100)
+		if st != ua.StatusOK {
+			t.Fatalf("100 items: %v", st)
+		}
+		for c, n := range codes {
+			created[c] += n
+		}
+	}
+	if created[ua.StatusOK] != 250 || created[ua.StatusBadTooManyMonitoredItems] != 50 {
+		t.Errorf("session A, 300 items: %v, want 250 Good and 50 BadTooManyMonitoredItems", created)
+	}
+	b := rawSessionChannel(t, ts.addr)
+	subB := rawSubscription(t, b)
+	_, codes := createItemsRaw(t, b, subB, 100)
+	_, more := createItemsRaw(t, b, subB, 100)
+	for c, n := range more {
+		codes[c] += n
+	}
+	if codes[ua.StatusOK] != 150 || codes[ua.StatusBadTooManyMonitoredItems] != 50 {
+		t.Errorf("session B, 200 items with 250 of 400 live: %v, want 150 Good and 50 BadTooManyMonitoredItems", codes)
+	}
+	if r, err := a.Call(&ua.DeleteSubscriptionsRequest{SubscriptionIDs: []uint32{subA}}); err != nil || r.Status() != ua.StatusOK {
+		t.Fatalf("DeleteSubscriptions: %v %v", r, err)
+	}
+	if _, codes := createItemsRaw(t, b, subB, 100); codes[ua.StatusOK] != 100 {
+		t.Errorf("session B after A's items were deleted: %v, want 100 Good", codes)
+	}
+	if n := ts.subs.Stats().Items; n != 250 {
+		t.Errorf("%d live items, want 250", n)
+	}
+}
+
+// TestMonitoredItemFlood: 100 000 items asked for at the default limits,
+// in calls of the per-call limit, are created up to the per-session limit
+// and refused beyond it, without stalling another client; deleting the
+// subscription frees them.
+func TestMonitoredItemFlood(t *testing.T) {
+	const want = 100_000
+	ts := runServer(t, Config{})
+	c := rawSessionChannel(t, ts.addr)
+	sub := rawSubscription(t, c)
+	other := rawSessionChannel(t, ts.addr)
+	per := subscription.DefaultMaxItemsPerCall
+	codes := map[ua.StatusCode]int{}
+	for range want / per {
+		st, cs := createItemsRaw(t, c, sub, per)
+		if st != ua.StatusOK {
+			t.Fatalf("CreateMonitoredItems: %v", st)
+		}
+		for k, n := range cs {
+			codes[k] += n
+		}
+		start := time.Now()
+		if r, err := other.Call(stateRead()); err != nil || r.Status() != ua.StatusOK || time.Since(start) > time.Second {
+			t.Fatalf("Read of another client during the flood: %v %v after %v", r.Status(), err, time.Since(start))
+		}
+	}
+	limit := subscription.DefaultMaxItemsPerSession
+	if codes[ua.StatusOK] != limit || codes[ua.StatusBadTooManyMonitoredItems] != want-limit {
+		t.Errorf("%d items: %v, want %d Good and the rest BadTooManyMonitoredItems", want, codes, limit)
+	}
+	if r, err := c.Call(&ua.DeleteSubscriptionsRequest{SubscriptionIDs: []uint32{sub}}); err != nil || r.Status() != ua.StatusOK {
+		t.Fatalf("DeleteSubscriptions: %v %v", r, err)
+	}
+	if n := ts.subs.Stats().Items; n != 0 {
+		t.Errorf("%d live items after DeleteSubscriptions", n)
+	}
+}

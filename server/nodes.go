@@ -182,6 +182,14 @@ func (s *Server) standardValue(i uint32) (any, bool) {
 		return uint32(0), true
 	case id.Server_ServerStatus_ShutdownReason:
 		return &ua.LocalizedText{}, true
+	case id.Server_ServerCapabilities_OperationLimits_MaxNodesPerRead:
+		return uint32(MaxNodesPerRead), true
+	case id.Server_ServerCapabilities_OperationLimits_MaxMonitoredItemsPerCall:
+		return uint32(s.subs.Options().MaxItemsPerCall), true
+	case id.Server_ServerCapabilities_MaxMonitoredItemsPerSubscription:
+		return uint32(s.subs.Options().MaxItems), true
+	case id.Server_ServerCapabilities_MaxMonitoredItems:
+		return uint32(s.subs.Options().MaxItemsTotal), true
 	case id.Server_ServerDiagnostics_EnabledFlag:
 		return true, true
 	case id.Server_ServerDiagnostics_ServerDiagnosticsSummary:

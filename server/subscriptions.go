@@ -39,6 +39,10 @@ func (s *Server) newSubscriptions() {
 		SamplingDrift: s.cfg.Faults.Has(FaultSamplingDrift),
 		SamplerSkips:  s.cfg.Faults.Has(FaultSamplerSkips),
 		PublishDrop:   s.cfg.Faults.Has(FaultPublishDrop),
+
+		MaxItemsPerCall:    s.cfg.MaxMonitoredItemsPerCall,
+		MaxItemsPerSession: s.cfg.MaxMonitoredItemsPerSession,
+		MaxItemsTotal:      s.cfg.MaxMonitoredItems,
 	})
 }
 

@@ -43,6 +43,9 @@ const (
 	DefaultMaxRetransmit         = 256
 	DefaultMaxSubscriptions      = 1000
 	DefaultMaxItems              = 100_000
+	DefaultMaxItemsPerCall       = 10_000
+	DefaultMaxItemsPerSession    = 20_000
+	DefaultMaxItemsTotal         = 100_000
 	DefaultMaxOperations         = 100_000
 	DefaultPublishDropKeep       = 3
 )
@@ -89,6 +92,14 @@ type Options struct {
 	MaxSubscriptions int
 	// MaxItems bounds monitored items per subscription (100000).
 	MaxItems int
+	// MaxItemsPerCall bounds the items of one CreateMonitoredItems call
+	// (10000): a bigger call is answered BadTooManyOperations.
+	MaxItemsPerCall int
+	// MaxItemsPerSession (20000) and MaxItemsTotal (100000, all sessions)
+	// bound live monitored items: an item beyond either gets
+	// BadTooManyMonitoredItems.
+	MaxItemsPerSession int
+	MaxItemsTotal      int
 	// MaxOperations bounds the operations of one service request (100000).
 	MaxOperations int
 
@@ -138,6 +149,9 @@ func (o *Options) fill() {
 	defInt(&o.MaxRetransmit, DefaultMaxRetransmit)
 	defInt(&o.MaxSubscriptions, DefaultMaxSubscriptions)
 	defInt(&o.MaxItems, DefaultMaxItems)
+	defInt(&o.MaxItemsPerCall, DefaultMaxItemsPerCall)
+	defInt(&o.MaxItemsPerSession, DefaultMaxItemsPerSession)
+	defInt(&o.MaxItemsTotal, DefaultMaxItemsTotal)
 	defInt(&o.MaxOperations, DefaultMaxOperations)
 	defInt(&o.PublishDropKeep, DefaultPublishDropKeep)
 	if o.DefaultKeepAliveCount == 0 {
@@ -377,6 +391,20 @@ func (m *Manager) opsStatus(n int) ua.StatusCode {
 		return ua.StatusBadTooManyOperations
 	}
 	return ua.StatusOK
+}
+
+// reserveItem counts one more live item unless MaxItemsTotal are live; it
+// reports whether it did.
+func (m *Manager) reserveItem() bool {
+	for {
+		n := m.items.Load()
+		if n >= int64(m.opts.MaxItemsTotal) {
+			return false
+		}
+		if m.items.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
 }
 
 // Fault returns a ServiceFault answering req with code.
