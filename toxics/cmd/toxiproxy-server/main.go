@@ -1,6 +1,6 @@
 // Command toxiproxy-server is the Toxiproxy v2.5.0 API server of the
-// opcua-chaos toxiproxy image; custom toxics get registered here (by a blank
-// import of their package) when the suites need them. It is the entry point of the
+// opcua-chaos toxiproxy image; custom toxics get registered here by a blank
+// import of their package (corrupt: bit flips, toxics/corrupt). It is the entry point of the
 // toxiproxy image the fixtures build (FROM scratch, static binary).
 //
 // Unlike upstream's server it listens on 0.0.0.0 by default (it runs in a
@@ -24,6 +24,9 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	// Custom toxics, registered by their init.
+	_ "github.com/opcua-chaos/opcua-chaos/toxics/corrupt"
 )
 
 // readyLine is printed once the API listens; the harness waits for it.
