@@ -70,7 +70,7 @@ unit: ## unit tests (everything but the suites) with -race
 images: $(CHAOS) ## build (or reuse) the server and toxiproxy images
 	@$(CHAOS) images
 
-clean: $(CHAOS) ## remove every container, network and image of this project
+clean: $(CHAOS) ## remove containers, networks, images of ended runs of this project (chaos clean -all: live ones too)
 	@$(CHAOS) clean
 
 # The fault matrix: the specs labelled fault:<name> run with no fault (one
