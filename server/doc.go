@@ -135,7 +135,9 @@
 // CreateMonitoredItems takes at most Config.MaxMonitoredItemsPerCall items
 // per call (BadTooManyOperations beyond); an item beyond
 // MaxMonitoredItemsPerSession live items of its session or
-// MaxMonitoredItems of all sessions gets BadTooManyMonitoredItems.
+// MaxMonitoredItems of all sessions gets BadTooManyMonitoredItems. Once
+// 5 000 or more items are gone since the last peak, the server returns the
+// freed memory to the OS at once (debug.FreeOSMemory).
 // Unacknowledged messages stay in a 256-message retransmission queue for
 // Republish; keep-alives carry the next sequence number. A subscription
 // without Publish requests for its lifetime count expires. Closing a
