@@ -136,7 +136,7 @@
 // per call (BadTooManyOperations beyond); an item beyond
 // MaxMonitoredItemsPerSession live items of its session or
 // MaxMonitoredItems of all sessions gets BadTooManyMonitoredItems. Once
-// 5 000 or more items are gone since the last peak, the server returns the
+// 5 000 or more items were deleted since it last did, the server returns the
 // freed memory to the OS at once (debug.FreeOSMemory).
 // Unacknowledged messages stay in a 256-message retransmission queue for
 // Republish; keep-alives carry the next sequence number. A subscription

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"runtime"
 	"testing"
 	"time"
 
@@ -285,4 +286,26 @@ func TestMonitoredItemFlood(t *testing.T) {
 	if n := ts.subs.Stats().Items; n != 0 {
 		t.Errorf("%d live items after DeleteSubscriptions", n)
 	}
+}
+
+// TestMemoryReturnedAfterItemBurst: deleting a burst of 20 000 monitored
+// items hands the freed heap back to the OS within a few seconds, not at
+// the background scavenger's pace.
+func TestMemoryReturnedAfterItemBurst(t *testing.T) {
+	ts := runServer(t, Config{})
+	c := rawSessionChannel(t, ts.addr)
+	sub := rawSubscription(t, c)
+	released := func() uint64 {
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapReleased
+	}
+	for range 2 {
+		createItemsRaw(t, c, sub, subscription.DefaultMaxItemsPerCall)
+	}
+	before := released()
+	if r, err := c.Call(&ua.DeleteSubscriptionsRequest{SubscriptionIDs: []uint32{sub}}); err != nil || r.Status() != ua.StatusOK {
+		t.Fatalf("DeleteSubscriptions: %v %v", r, err)
+	}
+	waitFor(t, "freed memory released to the OS", func() bool { return released() >= before+5<<20 })
 }

@@ -342,28 +342,28 @@ const (
 )
 
 // returnMemory hands the memory of a deleted burst of monitored items back
-// to the OS at once: when the live item count fell by memoryBurstItems or
-// more since its peak, it runs debug.FreeOSMemory (a GC and a scavenge,
+// to the OS at once: when memoryBurstItems or more items were deleted since
+// it last did (counted, so that a burst created and deleted between two
+// checks is seen too), it runs debug.FreeOSMemory (a GC and a scavenge,
 // milliseconds on this heap). Left to Go's background scavenger, the tens
 // of MB that 20 000 items and the requests that created them took stay in
 // the process for minutes after their deletion.
 func (s *Server) returnMemory(ctx context.Context) {
 	t := time.NewTicker(memoryCheckEvery)
 	defer t.Stop()
-	peak := 0
+	var last int64
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		n := s.subs.Stats().Items
-		peak = max(peak, n)
-		if peak-n >= memoryBurstItems {
+		deleted := s.subs.Stats().ItemsDeleted
+		if deleted-last >= memoryBurstItems {
 			start := time.Now()
 			debug.FreeOSMemory()
-			s.log.Debug("returned memory after deleted monitored items", "items_peak", peak, "items", n, "took", time.Since(start))
-			peak = n
+			s.log.Info("returned memory to the OS after deleted monitored items", "deleted", deleted-last, "took", time.Since(start))
+			last = deleted
 		}
 	}
 }

@@ -228,6 +228,7 @@ type Stats struct {
 	Sessions      int   // sessions with subscription state
 	Subscriptions int   // live subscriptions
 	Items         int   // live monitored items
+	ItemsDeleted  int64 // monitored items deleted (with their subscription too)
 	Created       int64 // subscriptions created
 	Expired       int64 // subscriptions that outlived their lifetime
 	Messages      int64 // notification messages sent
@@ -258,7 +259,7 @@ type Manager struct {
 
 	created, expired, messages, keepAlives, notifications atomic.Int64
 	republished, dropped, tooMany, timedOut               atomic.Int64
-	subs, items                                           atomic.Int64
+	subs, items, itemsDeleted                             atomic.Int64
 }
 
 // New returns a manager whose loops run until ctx ends or Close is called.
@@ -347,6 +348,7 @@ func (m *Manager) Stats() Stats {
 		Sessions:      n,
 		Subscriptions: int(m.subs.Load()),
 		Items:         int(m.items.Load()),
+		ItemsDeleted:  m.itemsDeleted.Load(),
 		Created:       m.created.Load(),
 		Expired:       m.expired.Load(),
 		Messages:      m.messages.Load(),

@@ -242,6 +242,7 @@ func (s *Session) deleteLocked(sub *Subscription) {
 		it.setActive(false)
 	}
 	s.m.items.Add(-int64(len(sub.list)))
+	s.m.itemsDeleted.Add(int64(len(sub.list)))
 	s.items -= len(sub.list)
 	s.m.subs.Add(-1)
 	sub.items, sub.list, sub.retrans = nil, nil, nil
@@ -478,6 +479,7 @@ func (s *Session) DeleteMonitoredItems(r *ua.DeleteMonitoredItemsRequest) ua.Res
 		sub.list = slices.DeleteFunc(sub.list, func(it *MonitoredItem) bool { return gone[it] })
 		sub.rr = 0
 		m.items.Add(-int64(len(gone)))
+		m.itemsDeleted.Add(int64(len(gone)))
 		s.items -= len(gone)
 	}
 	return &ua.DeleteMonitoredItemsResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
