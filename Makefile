@@ -96,7 +96,7 @@ DIRS ?=
 merge: $(CHAOS) ## merge shards' report folders into one summary (OUT, DIRS="a b")
 	@$(CHAOS) merge $(OUT) $(DIRS)
 
-clean: $(CHAOS) ## remove every container, network and image of this project
+clean: $(CHAOS) ## remove containers, networks, images of ended runs of this project (chaos clean -all: live ones too)
 	@$(CHAOS) clean
 
 # The fault matrix: the specs labelled fault:<name> run with no fault (one

@@ -235,6 +235,14 @@ type Config struct {
 	MinSessionTimeout time.Duration
 	// MaxSessions bounds concurrent sessions (1000).
 	MaxSessions int
+	// MaxMonitoredItemsPerCall bounds the items of one CreateMonitoredItems
+	// call (BadTooManyOperations beyond; advertised in
+	// ServerCapabilities.OperationLimits); MaxMonitoredItemsPerSession and
+	// MaxMonitoredItems bound live items per session and in all (an item
+	// beyond gets BadTooManyMonitoredItems). Defaults:
+	// subscription.DefaultMaxItemsPerCall, DefaultMaxItemsPerSession,
+	// DefaultMaxItemsTotal (10000, 20000, 100000).
+	MaxMonitoredItemsPerCall, MaxMonitoredItemsPerSession, MaxMonitoredItems int
 	// Counters is the number of SampledCounter.<i> and FastCounter.<i>
 	// nodes (subscription.DefaultCounters, 4096).
 	Counters int
@@ -305,6 +313,9 @@ type Config struct {
 //	OPCUA_MAX_BUFFERED_CHUNKS         chunks of unfinished requests per channel (512)
 //	OPCUA_MAX_BUFFERED_BYTES          their bytes (2097152)
 //	OPCUA_MAX_DECODE_DEPTH            nesting of values in a request (100)
+//	OPCUA_MAX_MONITORED_ITEMS_PER_CALL    items of one CreateMonitoredItems (10000)
+//	OPCUA_MAX_MONITORED_ITEMS_PER_SESSION live items of one session (20000)
+//	OPCUA_MAX_MONITORED_ITEMS         live items, all sessions (100000)
 //	OPCUA_LOGIN_DELAY                 first delay of a failed login (100ms)
 //	OPCUA_LOGIN_DELAY_MAX             its cap (5s)
 //	OPCUA_LOGIN_FREE_FAILURES         failed logins per peer IP and user before delays (3)
@@ -380,6 +391,9 @@ func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 		{"OPCUA_MAX_BUFFERED_CHUNKS", &cfg.MaxBufferedChunks},
 		{"OPCUA_MAX_BUFFERED_BYTES", &cfg.MaxBufferedBytes},
 		{"OPCUA_MAX_DECODE_DEPTH", &cfg.MaxDecodeDepth},
+		{"OPCUA_MAX_MONITORED_ITEMS_PER_CALL", &cfg.MaxMonitoredItemsPerCall},
+		{"OPCUA_MAX_MONITORED_ITEMS_PER_SESSION", &cfg.MaxMonitoredItemsPerSession},
+		{"OPCUA_MAX_MONITORED_ITEMS", &cfg.MaxMonitoredItems},
 		{"OPCUA_LOGIN_FREE_FAILURES", &cfg.LoginFreeFailures},
 	} {
 		if *v.dst, err = positive(getenv(v.env), v.env); err != nil {

@@ -64,6 +64,9 @@
 //	i=2281  SessionTimeoutCount                UInt32
 //	i=2288  RejectedRequestsCount              UInt32 (requests answered with a Bad service result)
 //	i=2276, 2282, 2284–2287  other summary counters, always 0
+//	ServerCapabilities (UInt32): OperationLimits.MaxNodesPerRead (10000),
+//	        OperationLimits.MaxMonitoredItemsPerCall, MaxMonitoredItems,
+//	        MaxMonitoredItemsPerSubscription (Config, see Subscriptions)
 //
 // Namespace 1 (string ids, Int64 values):
 //
@@ -95,6 +98,7 @@
 //	ns=1;s=Channel.BackpressurePauses     times a channel stopped reading
 //	ns=1;s=Channel.MaxPendingResponses    most responses pending on a channel
 //	ns=1;s=Channel.PendingResponses       responses pending now
+//	ns=1;s=Channel.ParkedRequests         Publish requests queued now
 //	ns=1;s=Slow.<ms>                  sleeps <ms> (0..600000), honouring
 //	                                  cancellation and TimeoutHint; value <ms>
 //	ns=1;s=Busy.<µs>                  burns CPU for <µs> (0..60000000) by
@@ -121,10 +125,19 @@
 // samples at once and the grid stays; skipped points count in
 // Sampling.Missed); queues honour QueueSize and DiscardOldest (overflow
 // bit). Up to 100 Publish requests queue per session (beyond,
-// BadTooManyPublishRequests for the oldest); a response carries at most the
+// BadTooManyPublishRequests for the oldest). A queued Publish is parked on
+// its channel: it holds no backpressure slot (a client with 100 outstanding
+// Publishes would otherwise stop its channel's reader at the high mark) and
+// no worker. A response carries at most the
 // subscription's MaxNotificationsPerPublish and fits one chunk of the
 // client's receive buffer (from its Hello): the rest follows with
 // MoreNotifications.
+// CreateMonitoredItems takes at most Config.MaxMonitoredItemsPerCall items
+// per call (BadTooManyOperations beyond); an item beyond
+// MaxMonitoredItemsPerSession live items of its session or
+// MaxMonitoredItems of all sessions gets BadTooManyMonitoredItems. Once
+// 5 000 or more items were deleted since it last did, the server returns the
+// freed memory to the OS at once (debug.FreeOSMemory).
 // Unacknowledged messages stay in a 256-message retransmission queue for
 // Republish; keep-alives carry the next sequence number. A subscription
 // without Publish requests for its lifetime count expires. Closing a

@@ -127,7 +127,7 @@ func TestLostResponseFault(t *testing.T) {
 			// client may read a response before its slot is free.
 			deadline := time.Now().Add(2 * time.Second)
 			for {
-				_, _, pending := srv.chans.totals()
+				_, _, pending, _ := srv.chans.totals()
 				if pending == 0 {
 					break
 				}

@@ -55,6 +55,7 @@ const (
 	NodeBackpressurePauses = "Channel.BackpressurePauses"  // times a channel stopped reading
 	NodeMaxPending         = "Channel.MaxPendingResponses" // most responses pending on one channel
 	NodePending            = "Channel.PendingResponses"    // responses pending now, all channels
+	NodeParked             = "Channel.ParkedRequests"      // requests parked now (queued Publish), all channels
 )
 
 // OwnerNode returns the id string of a per-owner counter node:
@@ -181,6 +182,14 @@ func (s *Server) standardValue(i uint32) (any, bool) {
 		return uint32(0), true
 	case id.Server_ServerStatus_ShutdownReason:
 		return &ua.LocalizedText{}, true
+	case id.Server_ServerCapabilities_OperationLimits_MaxNodesPerRead:
+		return uint32(MaxNodesPerRead), true
+	case id.Server_ServerCapabilities_OperationLimits_MaxMonitoredItemsPerCall:
+		return uint32(s.subs.Options().MaxItemsPerCall), true
+	case id.Server_ServerCapabilities_MaxMonitoredItemsPerSubscription:
+		return uint32(s.subs.Options().MaxItems), true
+	case id.Server_ServerCapabilities_MaxMonitoredItems:
+		return uint32(s.subs.Options().MaxItemsTotal), true
 	case id.Server_ServerDiagnostics_EnabledFlag:
 		return true, true
 	case id.Server_ServerDiagnostics_ServerDiagnosticsSummary:
@@ -295,7 +304,7 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 		return nil, false, nil
 	}
 	if strings.HasPrefix(name, "Channel.") {
-		pauses, maxPending, pending := s.chans.totals()
+		pauses, maxPending, pending, parked := s.chans.totals()
 		switch name {
 		case NodeBackpressurePauses:
 			return pauses, true, nil
@@ -303,6 +312,8 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 			return int64(maxPending), true, nil
 		case NodePending:
 			return int64(pending), true, nil
+		case NodeParked:
+			return int64(parked), true, nil
 		}
 		return nil, false, nil
 	}

@@ -39,6 +39,10 @@ func (s *Server) newSubscriptions() {
 		SamplingDrift: s.cfg.Faults.Has(FaultSamplingDrift),
 		SamplerSkips:  s.cfg.Faults.Has(FaultSamplerSkips),
 		PublishDrop:   s.cfg.Faults.Has(FaultPublishDrop),
+
+		MaxItemsPerCall:    s.cfg.MaxMonitoredItemsPerCall,
+		MaxItemsPerSession: s.cfg.MaxMonitoredItemsPerSession,
+		MaxItemsTotal:      s.cfg.MaxMonitoredItems,
 	})
 }
 
@@ -102,10 +106,13 @@ func isSubscriptionService(req ua.Request) bool {
 // (all are cheap; Publish is queued and answered later). It answers the
 // request itself.
 func (s *Server) subscriptionService(cn *conn, ch *channel.Channel, reqID uint32, req ua.Request, now time.Time) {
-	respond := func(r ua.Response) {
+	countRejected := func(r ua.Response) {
 		if f, ok := r.(*ua.ServiceFault); ok && f.ResponseHeader.ServiceResult != ua.StatusOK {
 			s.stats.rejectedRequests.Add(1)
 		}
+	}
+	respond := func(r ua.Response) {
+		countRejected(r)
 		ch.Respond(reqID, r)
 	}
 	sess, code := s.checkSession(cn, req.Header(), now)
@@ -134,12 +141,21 @@ func (s *Server) subscriptionService(cn *conn, ch *channel.Channel, reqID uint32
 	case *ua.RepublishRequest:
 		respond(ss.Republish(r))
 	case *ua.PublishRequest:
+		// A Publish waits for its subscription, not for a worker: parked,
+		// it holds no backpressure slot, so a client's outstanding
+		// Publishes never stop the reader (the session's queue bounds
+		// them: MaxPublishRequests, then BadTooManyPublishRequests). It
+		// runs on the reader and never occupies a worker.
+		ch.Park()
 		ss.Publish(subscription.PublishCall{
 			Request: r,
 			Budget:  cn.maxResponse,
 			Done:    cn.ctx.Done(),
-			Respond: respond,
-			Dropped: ch.Forget, // publish-drop: no answer, but no stalled channel
+			Respond: func(r ua.Response) {
+				countRejected(r)
+				ch.RespondParked(reqID, r)
+			},
+			Dropped: ch.ForgetParked, // publish-drop: no answer, but no stalled channel
 		})
 	default:
 		respond(s.fault(req, ua.StatusBadServiceUnsupported))

@@ -24,7 +24,7 @@ type Toxic struct {
 	// Name is unique within a proxy; it is how the toxic is removed.
 	Name string
 	// Type is a Toxiproxy toxic type: latency, bandwidth, slow_close,
-	// timeout, reset_peer, slicer, limit_data.
+	// timeout, reset_peer, slicer, limit_data, or this project's corrupt.
 	Type string
 	// Stream is Upstream or Downstream.
 	Stream string
@@ -85,6 +85,19 @@ func Timeout(stream string, timeoutMS int) Toxic {
 		Type:       "timeout",
 		Stream:     stream,
 		Attributes: map[string]any{"timeout": timeoutMS},
+	}
+}
+
+// Corrupt returns a toxic that flips bits in a probability fraction of the
+// chunks of one direction, the choices drawn from seed (the custom
+// "corrupt" toxic of toxics/corrupt, registered in the project's
+// toxiproxy image only).
+func Corrupt(stream string, probability float64, bits int, seed int64) Toxic {
+	return Toxic{
+		Name:       fmt.Sprintf("corrupt_%s", stream),
+		Type:       "corrupt",
+		Stream:     stream,
+		Attributes: map[string]any{"probability": probability, "bits": bits, "seed": seed},
 	}
 }
 

@@ -199,6 +199,11 @@ func robustness(ctx SpecContext, cond toxics.Condition) {
 	if h.Setup.Target.ServiceTime {
 		runner.SlowNode = ua.NewStringNodeID(1, "Slow.300")
 	}
+	// The corrupt attack's connection goes through the second proxy, which
+	// carries nothing else: its toxic never touches the victim.
+	runner.Corrupter = &attack.Corrupter{Endpoint: e.VictimEndpoint, Add: func(ctx context.Context, t toxics.Toxic) (func(context.Context) error, error) {
+		return e.Proxy.Apply(ctx, env.VictimProxyName, []toxics.Toxic{t})
+	}}
 	catalogue, background := attack.Catalogue(), attack.Background()
 	By(fmt.Sprintf("attacking: %d attacks one after another, %d idle-connection attacks beside them", len(catalogue), len(background)))
 	var errs []error

@@ -7,6 +7,12 @@
 // transport, so the peer's TCP window fills instead of our memory; it resumes
 // once the count drops to Options.LowMark. Being busy never faults the channel
 // (unless the fault-on-overflow switch asks for the old .NET behaviour).
+//
+// A request that waits for an event rather than for work (a Publish queued
+// until its subscription has something to send) is parked: Park takes it out
+// of the pending count, so that a client's parked requests never stop the
+// reader. Whoever parks requests bounds them (the subscription layer keeps
+// at most MaxPublishRequests per session).
 package channel
 
 import (
@@ -81,7 +87,8 @@ type Stats struct {
 	Received   int64 // requests read
 	Written    int64 // responses written
 	Dropped    int64 // responses dropped because the channel closed
-	Pending    int   // responses admitted but not yet written or dropped
+	Pending    int   // responses admitted but not yet written or dropped, parked ones excluded
+	Parked     int   // requests parked (see Park) and not yet answered
 	MaxPending int   // highest Pending seen
 	Pauses     int64 // times reading stopped for backpressure
 }
@@ -334,6 +341,39 @@ func (c *Channel) Respond(reqID uint32, resp ua.Response) {
 	case c.kick <- struct{}{}:
 	default:
 	}
+}
+
+// Park moves the request being handled out of the pending count: it waits
+// for an event, not for a worker or the writer, and must not hold the
+// reader's backpressure slot (parked Publish requests at the high mark
+// would stop the reader, and with it the requests that would let them be
+// answered). The caller bounds how many requests it parks, and answers a
+// parked request with RespondParked or retires it with ForgetParked, never
+// with Respond or Forget.
+func (c *Channel) Park() {
+	c.mu.Lock()
+	c.stats.Parked++
+	c.release(1)
+	c.mu.Unlock()
+}
+
+// RespondParked answers a parked request: it counts as pending again until
+// written, then goes the way of Respond. It never blocks.
+func (c *Channel) RespondParked(reqID uint32, resp ua.Response) {
+	c.mu.Lock()
+	c.stats.Parked--
+	c.stats.Pending++
+	c.mu.Unlock()
+	c.Respond(reqID, resp)
+}
+
+// ForgetParked retires a parked request that will never be answered (the
+// publish-drop fault).
+func (c *Channel) ForgetParked() {
+	c.mu.Lock()
+	c.stats.Parked--
+	c.stats.Dropped++
+	c.mu.Unlock()
 }
 
 // Forget retires a request that will never be answered, without sending

@@ -195,3 +195,57 @@ func TestRespondNeverBlocks(t *testing.T) {
 		t.Errorf("after close: %d pending, want 0 (dropped responses are released)", st.Pending)
 	}
 }
+
+// TestParkedRequestsHoldNoSlot: requests the handler parks do not count
+// toward the high mark, so the reader goes on reading past it; answered,
+// they are pending again until written and the counts return to zero.
+func TestParkedRequestsHoldNoSlot(t *testing.T) {
+	const total = 300
+	f := newFake(total)
+	ch := New(f, withFaults(Options{HighMark: 100, LowMark: 50}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	var parked []uint32
+	runErr := make(chan error, 1)
+	go func() {
+		runErr <- ch.Run(ctx, func(ch *Channel, msg Message) {
+			ch.Park()
+			mu.Lock()
+			parked = append(parked, msg.RequestID)
+			mu.Unlock()
+		})
+	}()
+	if n := settle(f); n != total {
+		t.Fatalf("read %d of %d parked requests: the reader stopped", n, total)
+	}
+	if st := ch.Stats(); st.Parked != total || st.Pending != 0 || st.Pauses != 0 {
+		t.Fatalf("stats %+v: want %d parked, nothing pending, no pause", st, total)
+	}
+	mu.Lock()
+	ids := parked
+	mu.Unlock()
+	// The last one is dropped (publish-drop), the others answered.
+	ch.ForgetParked()
+	for _, id := range ids[1:] {
+		ch.RespondParked(id, &ua.PublishResponse{ResponseHeader: &ua.ResponseHeader{RequestHandle: id}})
+	}
+	if st := ch.Stats(); st.Parked != 0 || st.Pending != total-1 {
+		t.Fatalf("stats %+v: want nothing parked, %d pending", st, total-1)
+	}
+	for range total - 1 {
+		f.release <- struct{}{}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for ch.Stats().Written != total-1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v: not every answer written", ch.Stats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st := ch.Stats(); st.Pending != 0 || st.Dropped != 1 {
+		t.Errorf("stats %+v: want nothing pending, 1 dropped", st)
+	}
+	cancel()
+	<-runErr
+}

@@ -43,6 +43,9 @@ const (
 	DefaultMaxRetransmit         = 256
 	DefaultMaxSubscriptions      = 1000
 	DefaultMaxItems              = 100_000
+	DefaultMaxItemsPerCall       = 10_000
+	DefaultMaxItemsPerSession    = 20_000
+	DefaultMaxItemsTotal         = 100_000
 	DefaultMaxOperations         = 100_000
 	DefaultPublishDropKeep       = 3
 )
@@ -89,6 +92,14 @@ type Options struct {
 	MaxSubscriptions int
 	// MaxItems bounds monitored items per subscription (100000).
 	MaxItems int
+	// MaxItemsPerCall bounds the items of one CreateMonitoredItems call
+	// (10000): a bigger call is answered BadTooManyOperations.
+	MaxItemsPerCall int
+	// MaxItemsPerSession (20000) and MaxItemsTotal (100000, all sessions)
+	// bound live monitored items: an item beyond either gets
+	// BadTooManyMonitoredItems.
+	MaxItemsPerSession int
+	MaxItemsTotal      int
 	// MaxOperations bounds the operations of one service request (100000).
 	MaxOperations int
 
@@ -138,6 +149,9 @@ func (o *Options) fill() {
 	defInt(&o.MaxRetransmit, DefaultMaxRetransmit)
 	defInt(&o.MaxSubscriptions, DefaultMaxSubscriptions)
 	defInt(&o.MaxItems, DefaultMaxItems)
+	defInt(&o.MaxItemsPerCall, DefaultMaxItemsPerCall)
+	defInt(&o.MaxItemsPerSession, DefaultMaxItemsPerSession)
+	defInt(&o.MaxItemsTotal, DefaultMaxItemsTotal)
 	defInt(&o.MaxOperations, DefaultMaxOperations)
 	defInt(&o.PublishDropKeep, DefaultPublishDropKeep)
 	if o.DefaultKeepAliveCount == 0 {
@@ -214,6 +228,7 @@ type Stats struct {
 	Sessions      int   // sessions with subscription state
 	Subscriptions int   // live subscriptions
 	Items         int   // live monitored items
+	ItemsDeleted  int64 // monitored items deleted (with their subscription too)
 	Created       int64 // subscriptions created
 	Expired       int64 // subscriptions that outlived their lifetime
 	Messages      int64 // notification messages sent
@@ -244,7 +259,7 @@ type Manager struct {
 
 	created, expired, messages, keepAlives, notifications atomic.Int64
 	republished, dropped, tooMany, timedOut               atomic.Int64
-	subs, items                                           atomic.Int64
+	subs, items, itemsDeleted                             atomic.Int64
 }
 
 // New returns a manager whose loops run until ctx ends or Close is called.
@@ -333,6 +348,7 @@ func (m *Manager) Stats() Stats {
 		Sessions:      n,
 		Subscriptions: int(m.subs.Load()),
 		Items:         int(m.items.Load()),
+		ItemsDeleted:  m.itemsDeleted.Load(),
 		Created:       m.created.Load(),
 		Expired:       m.expired.Load(),
 		Messages:      m.messages.Load(),
@@ -377,6 +393,20 @@ func (m *Manager) opsStatus(n int) ua.StatusCode {
 		return ua.StatusBadTooManyOperations
 	}
 	return ua.StatusOK
+}
+
+// reserveItem counts one more live item unless MaxItemsTotal are live; it
+// reports whether it did.
+func (m *Manager) reserveItem() bool {
+	for {
+		n := m.items.Load()
+		if n >= int64(m.opts.MaxItemsTotal) {
+			return false
+		}
+		if m.items.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
 }
 
 // Fault returns a ServiceFault answering req with code.

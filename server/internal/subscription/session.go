@@ -47,6 +47,7 @@ type Session struct {
 	order   []*Subscription // creation order, for round robin
 	rr      int
 	pending []*pendingPublish
+	items   int // live monitored items, all subscriptions
 	closed  bool
 }
 
@@ -241,6 +242,8 @@ func (s *Session) deleteLocked(sub *Subscription) {
 		it.setActive(false)
 	}
 	s.m.items.Add(-int64(len(sub.list)))
+	s.m.itemsDeleted.Add(int64(len(sub.list)))
+	s.items -= len(sub.list)
 	s.m.subs.Add(-1)
 	sub.items, sub.list, sub.retrans = nil, nil, nil
 	s.m.log.Debug("subscription deleted", "subscription", sub.id)
@@ -311,6 +314,9 @@ func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Res
 	if st := m.opsStatus(len(r.ItemsToCreate)); st != ua.StatusOK {
 		return m.Fault(r, st)
 	}
+	if len(r.ItemsToCreate) > m.opts.MaxItemsPerCall {
+		return m.Fault(r, ua.StatusBadTooManyOperations)
+	}
 	if r.TimestampsToReturn > ua.TimestampsToReturnNeither {
 		return m.Fault(r, ua.StatusBadTimestampsToReturnInvalid)
 	}
@@ -330,7 +336,7 @@ func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Res
 			res.StatusCode = ua.StatusBadNodeIDUnknown
 			continue
 		}
-		if len(sub.list) >= m.opts.MaxItems {
+		if len(sub.list) >= m.opts.MaxItems || s.items >= m.opts.MaxItemsPerSession {
 			res.StatusCode = ua.StatusBadTooManyMonitoredItems
 			continue
 		}
@@ -358,6 +364,10 @@ func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Res
 			res.StatusCode = code
 			continue
 		}
+		if !m.reserveItem() {
+			res.StatusCode = ua.StatusBadTooManyMonitoredItems
+			continue
+		}
 		it := &MonitoredItem{
 			id:            m.nextItemID.Add(1),
 			node:          rv.NodeID,
@@ -375,7 +385,7 @@ func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Res
 		}
 		sub.items[it.id] = it
 		sub.list = append(sub.list, it)
-		m.items.Add(1)
+		s.items++
 		if it.mode != ua.MonitoringModeDisabled {
 			it.Sample(st)
 			m.sampler.Add(it, iv)
@@ -469,6 +479,8 @@ func (s *Session) DeleteMonitoredItems(r *ua.DeleteMonitoredItemsRequest) ua.Res
 		sub.list = slices.DeleteFunc(sub.list, func(it *MonitoredItem) bool { return gone[it] })
 		sub.rr = 0
 		m.items.Add(-int64(len(gone)))
+		m.itemsDeleted.Add(int64(len(gone)))
+		s.items -= len(gone)
 	}
 	return &ua.DeleteMonitoredItemsResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
 }

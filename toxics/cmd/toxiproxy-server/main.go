@@ -1,6 +1,6 @@
 // Command toxiproxy-server is the Toxiproxy v2.5.0 API server of the
-// opcua-chaos toxiproxy image; custom toxics get registered here (by a blank
-// import of their package) when the suites need them. It is the entry point of the
+// opcua-chaos toxiproxy image; custom toxics get registered here by a blank
+// import of their package (corrupt: bit flips, toxics/corrupt). It is the entry point of the
 // toxiproxy image the fixtures build (FROM scratch, static binary).
 //
 // Unlike upstream's server it listens on 0.0.0.0 by default (it runs in a
@@ -24,6 +24,9 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	// Custom toxics, registered by their init.
+	_ "github.com/opcua-chaos/opcua-chaos/toxics/corrupt"
 )
 
 // readyLine is printed once the API listens; the harness waits for it.
@@ -32,11 +35,20 @@ const readyLine = "opcua-chaos toxiproxy ready"
 func main() {
 	host := flag.String("host", envOr("TOXIPROXY_HOST", "0.0.0.0"), "address for the API to listen on")
 	port := flag.String("port", envOr("TOXIPROXY_PORT", "8474"), "port for the API to listen on")
+	leaseTTL := flag.Duration("lease-ttl", 0, "run as a harness lease instead: exit unless renewed (SIGUSR1) within this time")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	if *leaseTTL > 0 {
+		renew := make(chan os.Signal, 1)
+		signal.Notify(renew, syscall.SIGUSR1)
+		logger.Info("lease held", "ttl", *leaseTTL)
+		why := lease(ctx, *leaseTTL, renew)
+		logger.Info("lease ended", "why", why)
+		return
+	}
 	if err := run(ctx, logger, net.JoinHostPort(*host, *port)); err != nil {
 		fmt.Fprintln(os.Stderr, "toxiproxy-server:", err)
 		os.Exit(1)
@@ -80,6 +92,26 @@ func run(ctx context.Context, logger *slog.Logger, addr string) error {
 		logger.Info("toxiproxy stopping")
 	}
 	return nil
+}
+
+// lease runs the harness's lease (see fixtures/docker): it returns
+// "expired" once ttl passed without a value on renew, or "released" when
+// ctx ends (the harness stops the container). A running lease container is
+// how a run tells other runs, on any host and through any Docker engine,
+// that the objects labelled with its lease are in use.
+func lease(ctx context.Context, ttl time.Duration, renew <-chan os.Signal) string {
+	t := time.NewTimer(ttl)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return "released"
+		case <-renew:
+			t.Reset(ttl)
+		case <-t.C:
+			return "expired"
+		}
+	}
 }
 
 func loopbackFor(host string) string {
