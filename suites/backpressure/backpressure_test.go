@@ -204,7 +204,7 @@ func slowChecks(throttle string) []check.Spec {
 
 var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 	It("serves 10 sessions × 1000 outstanding Reads through a seeded nemesis schedule, exactly once, in bounded memory", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
-		const runFor = time.Minute
+		runFor := spec.SoakFor()
 		e, err := h.Start(ctx)
 		Expect(err).NotTo(HaveOccurred(), "start environment")
 		rec := h.NewRecorder(map[string]string{"condition": toxics.Scheduled.Name})
@@ -232,7 +232,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 			memoryCheck("nemesis-memory", deepGrowthMiB, deepRetainedMiB, ""),
 			sessionsOpened("nemesis-sessions", deepSessions),
 		)
-	}, SpecTimeout(3*time.Minute))
+	}, spec.SoakTimeout(2*time.Minute))
 
 	for _, cond := range toxics.CI() {
 		// Under baseline both specs are aimed at a server that never stops

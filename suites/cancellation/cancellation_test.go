@@ -503,8 +503,8 @@ func sessionsOpened(name string) check.Spec {
 
 var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 	It("answers every request of a minute-long cancel storm under a seeded nemesis schedule exactly once and loses no capacity", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
-		cancelStorm(ctx, toxics.Scheduled, 0x50a6, time.Minute, true)
-	}, SpecTimeout(4*time.Minute))
+		cancelStorm(ctx, toxics.Scheduled, 0x50a6, spec.SoakFor(), true)
+	}, spec.SoakTimeout(3*time.Minute))
 
 	for ci, cond := range toxics.CI() {
 		// Under baseline both specs are aimed at a cancelled request that

@@ -36,9 +36,9 @@ const (
 
 var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 	It("samples 1024 items at 10 ms through a seeded nemesis schedule and recovers its rate after every fault", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
+		runFor := spec.SoakFor()
 		const (
 			items  = 1024
-			runFor = time.Minute
 			window = time.Second
 			// grace after each fault: the publish backlog of a throttled
 			// link drains, a starved sampler is back on its grid.
@@ -76,7 +76,7 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 				Excuse: []string{"*"}, Grace: grace,
 			}},
 		)
-	}, SpecTimeout(3*time.Minute))
+	}, spec.SoakTimeout(2*time.Minute))
 
 	for _, cond := range toxics.CI() {
 		// Under baseline both specs are aimed at a sampler that drifts and
