@@ -334,7 +334,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 				figs := map[string]float64{}
 				spec.Diagnostics(ctx, e, "slow.diag.throttled.", diagnosticNodes, figs)
 				answered := 0
-				for _, op := range rec.History().Ops {
+				for op := range rec.History().AllOps() {
 					if op.Kind == history.KindRead && op.Done() {
 						answered++
 					}
