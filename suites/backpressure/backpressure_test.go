@@ -209,6 +209,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		Expect(err).NotTo(HaveOccurred(), "start environment")
 		rec := h.NewRecorder(map[string]string{"condition": toxics.Scheduled.Name})
 		mon := monitor(ctx, e)
+		rss := load.SampleRSS(ctx, rec, 5*time.Second)
 		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
 		p := load.Pipelined(e.Endpoint, deepSessions, deepOutstanding)
 		p.Name, p.Duration, p.RequestTimeout = "nemesis", runFor, requestTimeout
@@ -216,9 +217,13 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		Expect(err).NotTo(HaveOccurred(), "run load")
 		Expect(wait()).To(Succeed(), "nemesis schedule")
 		settle(ctx, mon)
+		rss()
 		us := stopMonitor(mon, rec)
 		figs := spec.LoadFigures("backpressure", "nemesis.", toxics.Scheduled, st, us)
 		figs["nemesis.steps"] = float64(steps)
+		sp := rec.History().SpillStats()
+		figs["nemesis.history.spilled_ops"], figs["nemesis.history.spilled_mib"] = float64(sp.Ops), float64(sp.Bytes)/(1<<20)
+		GinkgoWriter.Printf("history: %d ops spilled in %d segments, %.1f MiB on disk (%.1f B/op)\n", sp.Ops, sp.Segments, float64(sp.Bytes)/(1<<20), float64(sp.Bytes)/float64(max(sp.Ops, 1)))
 		diagnostics(ctx, e, rec, "nemesis.diag.", figs)
 		// Nothing in the schedule closes a connection: no errors, no
 		// channel faults, every request answered exactly once; a throttled
@@ -231,6 +236,9 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 			check.Spec{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
 			memoryCheck("nemesis-memory", deepGrowthMiB, deepRetainedMiB, ""),
 			sessionsOpened("nemesis-sessions", deepSessions),
+			// over the soak: the server's memory does not keep growing
+			// and its throughput does not drift down
+			check.Spec{Name: "nemesis-trend", Config: check.TrendConfig{Kinds: judged}},
 		)
 	}, spec.SoakTimeout(2*time.Minute))
 
