@@ -9,7 +9,12 @@ TARGET        ?= reference
 LABEL_FILTER  ?= !soak
 RUN           ?= $(shell date -u +%Y%m%d-%H%M%S)
 SEED          ?=
-SUITE_TIMEOUT ?= 30m
+# SOAK is the run length of the soak specs (a Go duration, 1m to 24h;
+# default 1m, so LABEL_FILTER=soak stays short). The suite timeout grows
+# with it: 30 minutes plus twice the soak (a suite may hold more than one
+# soak spec's worth of time: the spec, its drain and its judge).
+SOAK          ?=
+SUITE_TIMEOUT ?= $(shell awk -v s='$(SOAK)' 'BEGIN { t = 0; while (match(s, /^[0-9.]+(h|ms|m|s)/)) { u = substr(s, RSTART, RLENGTH); n = u + 0; sub(/^[0-9.]+/, "", u); t += n * (u == "h" ? 3600 : u == "m" ? 60 : u == "s" ? 1 : 0.001); s = substr(s, RLENGTH + 1) } printf "%ds", 1800 + 2 * t }')
 # `make faults`: the fault switches to judge (default: every one).
 FAULTS        ?=
 # STRICT=1 fails the run when a selected spec was skipped (a capability the
@@ -19,7 +24,7 @@ BIN           := .bin
 CHAOS         := $(BIN)/chaos
 REPORTS       := reports
 
-export TARGET OPCUA_ENDPOINT STRICT
+export TARGET OPCUA_ENDPOINT STRICT SOAK
 
 # No --fail-on-empty: a label filter may select specs of some suites only.
 # `chaos table` fails a run whose filter selected no spec in any suite.

@@ -106,6 +106,11 @@ const (
 	// FaultRetainMemory keeps RetainPerRequest bytes per served Read
 	// request forever (a leak); backpressure works unchanged.
 	FaultRetainMemory Fault = "retain-memory"
+	// FaultSlowLeak keeps SlowLeakPerRequest bytes per served Read
+	// request forever: a leak too slow for the 10-second CI runs' memory
+	// bounds, the kind a soak's trend finds (with allocation overhead
+	// about 300 MiB/min at 32 000 Reads/s).
+	FaultSlowLeak Fault = "slow-leak"
 )
 
 // Parameters of the fault switches.
@@ -116,6 +121,9 @@ const (
 	// RetainPerRequest is what the retain-memory fault keeps per served
 	// Read request (16 KiB).
 	RetainPerRequest = 16 << 10
+	// SlowLeakPerRequest is what the slow-leak fault keeps per served
+	// Read request (64 B).
+	SlowLeakPerRequest = 64
 )
 
 // AllFaults lists every fault switch.
@@ -124,6 +132,7 @@ var AllFaults = []Fault{
 	FaultFaultOnOverflow, FaultCancelLeak, FaultCancelDouble, FaultSerialDispatch,
 	FaultSamplingDrift, FaultPublishDrop, FaultCrashOnDecode, FaultUnboundedIdle,
 	FaultSamplerSkips, FaultCloseRunsQueued, FaultLostResponse, FaultRetainMemory,
+	FaultSlowLeak,
 }
 
 // Faults is a set of enabled fault switches.

@@ -178,6 +178,9 @@ func (s *Server) execute(j *job) {
 		if s.cfg.Faults.Has(FaultRetainMemory) {
 			s.leak.retain(RetainPerRequest)
 		}
+		if s.cfg.Faults.Has(FaultSlowLeak) {
+			s.leak.retain(SlowLeakPerRequest)
+		}
 		if s.cfg.Faults.Has(FaultLostResponse) && j.conn.reads.Add(1)%LostResponseEvery == 0 {
 			// Fault lost-response: no answer to this Read; its pending
 			// slot is released so the channel goes on (open, flowing).

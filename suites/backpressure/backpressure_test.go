@@ -228,12 +228,14 @@ func start(ctx context.Context, cond toxics.Condition) (*env.Env, *history.Recor
 }
 
 var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
-	It("serves 10 sessions × 1000 outstanding Reads through a seeded nemesis schedule, exactly once, in bounded memory", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
-		const runFor = time.Minute
+	// catches fault slow-leak (nemesis-trend: a leak)
+	It("serves 10 sessions × 1000 outstanding Reads through a seeded nemesis schedule, exactly once, in bounded memory", Label("soak"), spec.Condition(toxics.Scheduled.Name), spec.Catches(server.FaultSlowLeak), func(ctx SpecContext) {
+		runFor := spec.SoakFor()
 		e, err := h.Start(ctx)
 		Expect(err).NotTo(HaveOccurred(), "start environment")
 		rec := h.NewRecorder(map[string]string{"condition": toxics.Scheduled.Name})
 		mon := monitor(ctx, e)
+		rss := load.SampleRSS(ctx, rec, 5*time.Second)
 		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
 		p := load.Pipelined(e.Endpoint, deepSessions, deepOutstanding)
 		p.Name, p.Duration, p.RequestTimeout = "nemesis", runFor, requestTimeout
@@ -241,9 +243,13 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		Expect(err).NotTo(HaveOccurred(), "run load")
 		Expect(wait()).To(Succeed(), "nemesis schedule")
 		settle(ctx, mon)
+		rss()
 		us := stopMonitor(mon, rec)
 		figs := spec.LoadFigures("backpressure", "nemesis.", toxics.Scheduled, st, us)
 		figs["nemesis.steps"] = float64(steps)
+		sp := rec.History().SpillStats()
+		figs["nemesis.history.spilled_ops"], figs["nemesis.history.spilled_mib"] = float64(sp.Ops), float64(sp.Bytes)/(1<<20)
+		GinkgoWriter.Printf("history: %d ops spilled in %d segments, %.1f MiB on disk (%.1f B/op)\n", sp.Ops, sp.Segments, float64(sp.Bytes)/(1<<20), float64(sp.Bytes)/float64(max(sp.Ops, 1)))
 		diagnostics(ctx, e, rec, "nemesis.diag.", figs)
 		// Nothing in the schedule closes a connection: no errors, no
 		// channel faults, every request answered exactly once; a throttled
@@ -256,8 +262,11 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 			check.Spec{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
 			memoryCheck("nemesis-memory", deepGrowthMiB, deepRetainedMiB, ""),
 			sessionsOpened("nemesis-sessions", deepSessions),
+			// over the soak: the server's memory does not keep growing
+			// and its throughput does not drift down
+			check.Spec{Name: "nemesis-trend", Config: check.TrendConfig{Kinds: judged}},
 		)
-	}, SpecTimeout(3*time.Minute))
+	}, spec.SoakTimeout(2*time.Minute))
 
 	// catches fault lost-response (deep-exactly-once: lost responses)
 	// catches fault retain-memory (deep-memory: a leak)
@@ -333,7 +342,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		figs := map[string]float64{}
 		spec.Diagnostics(ctx, e, "slow.diag.throttled.", diagnosticNodes, figs)
 		answered := 0
-		for _, op := range rec.History().Ops {
+		for op := range rec.History().AllOps() {
 			if op.Kind == history.KindRead && op.Done() {
 				answered++
 			}

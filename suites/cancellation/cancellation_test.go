@@ -119,7 +119,7 @@ func stormSessions(prefix string) []load.Session {
 // that completed in w.
 func medianLatency(h history.History, session string, w history.Window) time.Duration {
 	var ls []time.Duration
-	for _, op := range h.Ops {
+	for op := range h.AllOps() {
 		if op.Kind == history.KindSlowRead && op.Session == session && op.Outcome == history.OK && w.Contains(op.Complete) {
 			ls = append(ls, op.Latency())
 		}
@@ -412,7 +412,7 @@ func cancelStorm(ctx context.Context, cond toxics.Condition, stream uint64, stor
 	for i, c := range cancellers {
 		aims[storm[i].Name] = c.aim
 	}
-	for _, op := range rec.History().Ops {
+	for op := range rec.History().AllOps() {
 		if aim, ok := aims[op.Session]; ok && op.Kind == history.KindCancel {
 			figs["storm.cancel."+aim+".sent"]++
 			figs["storm.cancel."+aim+".cancelled"] += float64(op.Count)
@@ -486,8 +486,8 @@ func ciIndex(cond toxics.Condition) int {
 
 var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 	It("answers every request of a minute-long cancel storm under a seeded nemesis schedule exactly once and loses no capacity", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
-		cancelStorm(ctx, toxics.Scheduled, 0x50a6, time.Minute, true)
-	}, SpecTimeout(4*time.Minute))
+		cancelStorm(ctx, toxics.Scheduled, 0x50a6, spec.SoakFor(), true)
+	}, spec.SoakTimeout(3*time.Minute))
 
 	DescribeTable("answers every request of a cancel storm exactly once and loses no capacity", func(ctx SpecContext, cond toxics.Condition) {
 		cancelStorm(ctx, cond, uint64(ciIndex(cond)), stormFor, false)
@@ -649,7 +649,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 		// The survivors' throughput right after the backlog closer's
 		// CloseSession against before it: back at once.
 		var backlogClose history.Op
-		for _, op := range rec.History().Ops {
+		for op := range rec.History().AllOps() {
 			if op.Session == backlog.name && op.Kind == check.KindCloseSession {
 				backlogClose = op
 			}

@@ -35,7 +35,7 @@ type timeline struct {
 // valid ones); soakRun judges 28 windows through a nemesis schedule.
 var (
 	ciRun   = timeline{warmup: 2 * time.Second, window: 2 * time.Second, windows: 4}
-	soakRun = timeline{warmup: 2 * time.Second, window: 2 * time.Second, windows: 28, nemesis: true}
+	soakRun = timeline{warmup: 2 * time.Second, window: 2 * time.Second, windows: int((spec.SoakLength() - 2500*time.Millisecond) / (2 * time.Second)), nemesis: true}
 )
 
 // runFor is how long the load runs: warm-up, windows and a margin.
@@ -263,9 +263,10 @@ func weighted(ctx context.Context, cond toxics.Condition, sh shape, tl timeline)
 }
 
 var _ = Describe("Fairness", spec.Property("fairness"), func() {
-	It("serves owners weighted 1:3 through a seeded nemesis schedule, worker-bound (median of 28 windows)", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
+	It(fmt.Sprintf("serves owners weighted 1:3 through a seeded nemesis schedule, worker-bound (median of %d windows)", soakRun.windows), Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
+		spec.SoakFor() // fails the spec on a bad SOAK value; soakRun has its length
 		weighted(ctx, toxics.Scheduled, workerBound, soakRun)
-	}, SpecTimeout(3*time.Minute))
+	}, spec.SoakTimeout(2*time.Minute))
 
 	// Each spec starts its own environment (start) once it knows the
 	// target can run it: the spec timeout includes the start.

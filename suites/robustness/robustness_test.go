@@ -246,7 +246,7 @@ func robustness(ctx SpecContext, cond toxics.Condition) {
 
 	By("waiting for sessions, connections and memory to return to their baseline, the victim still reading")
 	baseSessions := -1.0
-	for _, o := range rec.History().Ops {
+	for o := range rec.History().AllOps() {
 		if o.Kind == history.KindSessionCount && o.Outcome == history.OK && baseline.Contains(o.Complete) {
 			baseSessions = max(baseSessions, o.Value)
 		}

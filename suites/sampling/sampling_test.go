@@ -40,9 +40,9 @@ var catches = []server.Fault{server.FaultSamplingDrift, server.FaultPublishDrop,
 
 var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 	It("samples 1024 items at 10 ms through a seeded nemesis schedule and recovers its rate after every fault", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
+		runFor := spec.SoakFor()
 		const (
 			items  = 1024
-			runFor = time.Minute
 			window = time.Second
 			// grace after each fault: the publish backlog of a throttled
 			// link drains, a starved sampler is back on its grid.
@@ -80,7 +80,7 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 				Excuse: []string{"*"}, Grace: grace,
 			}},
 		)
-	}, SpecTimeout(3*time.Minute))
+	}, spec.SoakTimeout(2*time.Minute))
 
 	// With 1024 items: catches fault sampler-skips (items-1024:
 	// subscribed items that deliver no sample; the history names

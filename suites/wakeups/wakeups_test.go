@@ -92,7 +92,7 @@ func sessionsOpened(name string) check.Spec {
 
 var _ = Describe("No lost wakeups", spec.Property(property), func() {
 	It("keeps every request moving through a seeded nemesis schedule", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
-		const runFor = time.Minute
+		runFor := spec.SoakFor()
 		e, rec := start(ctx, toxics.Scheduled, 0)
 		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
 		p := load.Pipelined(e.Endpoint, 10, 50)
@@ -109,7 +109,7 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 			check.Spec{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead}}},
 			sessionsOpened("nemesis-sessions"),
 		)
-	}, SpecTimeout(3*time.Minute))
+	}, spec.SoakTimeout(2*time.Minute))
 
 	DescribeTable("completes bursts separated by idle gaps, with few workers that park often", func(ctx SpecContext, cond toxics.Condition) {
 		e, rec := start(ctx, cond, 2)
