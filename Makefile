@@ -80,8 +80,9 @@ images: $(CHAOS) ## build (or reuse) the server and toxiproxy images
 # Specificity: N runs of the clean reference server with fresh seeds (every
 # run goes on after a failure), judged together: per spec its pass rate and
 # the seeds of false alarms, every figure's spread and, with MATRIX=<a
-# faults-<time>.json>, the same figures under the faults. Fails on any
-# false alarm.
+# faults-<time>.json>, the same figures under the faults; written to
+# reports/specificity-<run>/rounds.md, .json and the page rounds.html.
+# Fails on any false alarm.
 N      ?= 5
 MATRIX ?=
 specificity: $(CHAOS) ## N clean runs judged together: false alarms, figure spreads (N, LABEL_FILTER, MATRIX)

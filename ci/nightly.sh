@@ -4,9 +4,10 @@
 # fault switch must be caught). Every round runs even after a failure, so
 # the night reports a pass rate per spec and the seeds of its failures
 # (make chaos SEED=<seed> replays one). The rounds' report goes to
-# reports/<night>-rounds/rounds.md and one line per night is appended to
-# reports/trend.jsonl (date, commit, pass rates, median figures, fault
-# matrix totals), so a slow regression shows across nights. The script
+# reports/<night>-rounds/rounds.md (and its page rounds.html) and one
+# line per night is appended to reports/trend.jsonl (date, commit, pass
+# rates, median figures, fault matrix totals), so a slow regression shows
+# across nights. The script
 # fails when any round failed or broke, or the fault matrix did not
 # catch every fault.
 set -uo pipefail
