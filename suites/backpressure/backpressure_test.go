@@ -159,8 +159,30 @@ func sessionsOpened(name string, n int) check.Spec {
 // diagnostics report nothing).
 func diagnostics(ctx context.Context, e *env.Env, rec *history.Recorder, prefix string, figs map[string]float64) {
 	GinkgoHelper()
+	if !serverRuns(ctx, e, rec) {
+		// A server that died under the load (e.g. killed for its
+		// memory limit) has no counters to read: survival names it.
+		rec.Mark("diagnostics", "not read: the server is not running")
+		return
+	}
 	spec.Diagnostics(ctx, e, prefix, diagnosticNodes, figs)
 	spec.RecordReadings(rec, figs, prefix, "Channel.MaxPendingResponses", "Channel.BackpressurePauses")
+}
+
+// serverRuns records a reading of the server container's state (its exit,
+// with the OOM kill, once it died: watch.State) for the survival check
+// and reports whether it runs; targets without a container record
+// nothing.
+func serverRuns(ctx context.Context, e *env.Env, rec *history.Recorder) bool {
+	return watch.New(e, rec, watch.Options{}).State(ctx)
+}
+
+// survival is the check that the server process lived through the spec
+// (readings of its container at the start and before the diagnostics):
+// a server killed for its memory limit fails here, by name, instead of
+// breaking the spec at the next read.
+func survival(name string) check.Spec {
+	return check.Spec{Name: name, Config: check.SurvivalConfig{}}
 }
 
 // memoryCheck is the backpressure check: pending responses within the
@@ -204,6 +226,7 @@ func slowChecks(throttle string) []check.Spec {
 		// the throttle keeps the server backlogged: its pending
 		// responses stay between the marks
 		memoryCheck("slow-memory", slowGrowthMiB, slowRetainedMiB, throttle),
+		survival("slow-survival"),
 	}
 }
 
@@ -225,6 +248,7 @@ func start(ctx context.Context, cond toxics.Condition) (*env.Env, *history.Recor
 	e, err := h.Start(ctx)
 	Expect(err).NotTo(HaveOccurred(), "start environment")
 	rec := h.NewRecorder(map[string]string{"condition": cond.Name})
+	serverRuns(ctx, e, rec) // the first reading survival compares with
 	_, err = spec.Apply(ctx, e, rec, cond)
 	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
 	return e, rec, monitor(ctx, e)
@@ -237,6 +261,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		e, err := h.Start(ctx)
 		Expect(err).NotTo(HaveOccurred(), "start environment")
 		rec := h.NewRecorder(map[string]string{"condition": toxics.Scheduled.Name})
+		serverRuns(ctx, e, rec)
 		mon := monitor(ctx, e)
 		rss := load.SampleRSS(ctx, rec, 5*time.Second)
 		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
@@ -264,6 +289,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 			check.Spec{Name: "nemesis-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: 5 * time.Second}},
 			check.Spec{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
 			memoryCheck("nemesis-memory", deepGrowthMiB, deepRetainedMiB, ""),
+			survival("nemesis-survival"),
 			sessionsOpened("nemesis-sessions", deepSessions),
 			// over the soak: the server's memory does not keep growing
 			// and its throughput does not drift down
@@ -281,6 +307,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 			{Name: "deep-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
 			{Name: "deep-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
 			memoryCheck("deep-memory", deepGrowthMiB, deepRetainedMiB, ""),
+			survival("deep-survival"),
 			sessionsOpened("deep-sessions", deepSessions),
 		}
 		spec.Plan(checks...)
