@@ -106,6 +106,19 @@ const (
 	// FaultRetainMemory keeps RetainPerRequest bytes per served Read
 	// request forever (a leak); backpressure works unchanged.
 	FaultRetainMemory Fault = "retain-memory"
+	// FaultRepublishForgets keeps only the last notification message of a
+	// subscription for Republish: messages lost with a broken connection
+	// are answered BadMessageNotAvailable instead of being sent again.
+	FaultRepublishForgets Fault = "republish-forgets"
+	// FaultNoReactivate refuses ActivateSession of an activated session on
+	// another secure channel (BadSecureChannelIDInvalid): a session cannot
+	// move to the new channel of a client that reconnected, which must
+	// create a new one.
+	FaultNoReactivate Fault = "no-reactivate"
+	// FaultTransferDrops loses a subscription's monitored items in
+	// TransferSubscriptions: the subscription arrives in the new session
+	// empty, and sends keep-alives only.
+	FaultTransferDrops Fault = "transfer-drops"
 )
 
 // Parameters of the fault switches.
@@ -124,6 +137,7 @@ var AllFaults = []Fault{
 	FaultFaultOnOverflow, FaultCancelLeak, FaultCancelDouble, FaultSerialDispatch,
 	FaultSamplingDrift, FaultPublishDrop, FaultCrashOnDecode, FaultUnboundedIdle,
 	FaultSamplerSkips, FaultCloseRunsQueued, FaultLostResponse, FaultRetainMemory,
+	FaultRepublishForgets, FaultNoReactivate, FaultTransferDrops,
 }
 
 // Faults is a set of enabled fault switches.
