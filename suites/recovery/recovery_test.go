@@ -107,11 +107,11 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 		pause(ctx, warm)
 
 		By(fmt.Sprintf("partitioning the network for %v (channel lifetime %v, session timeout %v)", part, channelLifetime, sessionTimeout))
-		quietFrom := rec.Now()
 		undo, err := spec.Inject(ctx, e, rec, nemesis.Partition(faultPartition, env.ProxyName))
 		Expect(err).NotTo(HaveOccurred(), "partition")
 		pause(ctx, part)
 		Expect(undo(ctx)).To(Succeed(), "end the partition")
+		quietFrom := rec.Now()
 		GinkgoWriter.Printf("publish loop during the partition: %v\n", stop())
 
 		By("activating the session on a new secure channel")
@@ -172,9 +172,10 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 
 		judgedFrom := max(transferAt-settle, 0)
 		// The machine must be quiet while the client recovers its session
-		// and stream: from the partition to the kill. Not before (the
-		// environment's start still runs in the engine) nor after (the
-		// engine restarts the server: its CPU is the fault's own).
+		// and stream: from the partition's end to the kill. Not before
+		// (the environment's start still runs in the engine; nothing is
+		// measured while the partition holds) nor after (the engine
+		// restarts the server: its CPU is the fault's own).
 		quiet := spec.Quiet(check.Span{From: quietFrom, To: quietTo, Window: 2 * time.Second})
 		quiet.Stage = check.Assumption
 		spec.Judge(property, cond.Name, rec, map[string]float64{"partition_ms": float64(part / time.Millisecond)},
