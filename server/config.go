@@ -111,6 +111,19 @@ const (
 	// bounds, the kind a soak's trend finds (with allocation overhead
 	// about 300 MiB/min at 32 000 Reads/s).
 	FaultSlowLeak Fault = "slow-leak"
+	// FaultRepublishForgets keeps only the last notification message of a
+	// subscription for Republish: messages lost with a broken connection
+	// are answered BadMessageNotAvailable instead of being sent again.
+	FaultRepublishForgets Fault = "republish-forgets"
+	// FaultNoReactivate refuses ActivateSession of an activated session on
+	// another secure channel (BadSecureChannelIDInvalid): a session cannot
+	// move to the new channel of a client that reconnected, which must
+	// create a new one.
+	FaultNoReactivate Fault = "no-reactivate"
+	// FaultTransferDrops loses a subscription's monitored items in
+	// TransferSubscriptions: the subscription arrives in the new session
+	// empty, and sends keep-alives only.
+	FaultTransferDrops Fault = "transfer-drops"
 )
 
 // Parameters of the fault switches.
@@ -133,6 +146,7 @@ var AllFaults = []Fault{
 	FaultSamplingDrift, FaultPublishDrop, FaultCrashOnDecode, FaultUnboundedIdle,
 	FaultSamplerSkips, FaultCloseRunsQueued, FaultLostResponse, FaultRetainMemory,
 	FaultSlowLeak,
+	FaultRepublishForgets, FaultNoReactivate, FaultTransferDrops,
 }
 
 // Faults is a set of enabled fault switches.

@@ -116,8 +116,8 @@
 //
 // CreateSubscription, ModifySubscription, DeleteSubscriptions,
 // SetPublishingMode, CreateMonitoredItems, ModifyMonitoredItems,
-// DeleteMonitoredItems, SetMonitoringMode, Publish and Republish are served
-// on the channel's reader by internal/subscription. Intervals are revised,
+// DeleteMonitoredItems, SetMonitoringMode, Publish, Republish and
+// TransferSubscriptions are served on the channel's reader by internal/subscription. Intervals are revised,
 // never rejected: publishing and sampling intervals of 0, below 1 ms or NaN
 // become 1 ms; sampling -1 means the publishing interval. Monitored items
 // of one sampling interval share one sampler goroutine and timer with
@@ -142,6 +142,16 @@
 // Republish; keep-alives carry the next sequence number. A subscription
 // without Publish requests for its lifetime count expires. Closing a
 // session deletes its subscriptions.
+//
+// A session outlives its secure channel (until its timeout): a client
+// that reconnects activates it again on its new channel with the same
+// identity, and its subscriptions, sequence numbers and retransmission
+// queues go on; it Republishes what the broken connection lost.
+// TransferSubscriptions moves subscriptions to another session of the
+// same user (anonymous to anonymous; BadUserAccessDenied otherwise) with
+// their items, queued values and sequence numbers; SendInitialValues
+// queues every reporting item's current value. Sessions live in memory: a
+// restarted server has none.
 //
 // # Concurrency
 //

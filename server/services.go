@@ -219,6 +219,10 @@ func (s *Server) activateSession(cn *conn, r *ua.ActivateSessionRequest, now tim
 	sess.Touch(now)
 	nonce := sess.ServerNonce()
 	user, code, why := s.authenticate(r.UserIdentityToken, nonce)
+	if activated, _, chID := sess.State(); code == ua.StatusOK && activated && chID != cn.id && s.cfg.Faults.Has(FaultNoReactivate) {
+		// Fault no-reactivate: the session stays bound to its old channel.
+		code, why = ua.StatusBadSecureChannelIDInvalid, "session bound to another channel"
+	}
 	if code == ua.StatusOK {
 		if code = s.identityChange(cn, sess, user); code != ua.StatusOK {
 			why = "identity change"

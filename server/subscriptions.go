@@ -40,6 +40,8 @@ func (s *Server) newSubscriptions() {
 		SamplerSkips:  s.cfg.Faults.Has(FaultSamplerSkips),
 		PublishDrop:   s.cfg.Faults.Has(FaultPublishDrop),
 
+		RepublishForgets: s.cfg.Faults.Has(FaultRepublishForgets),
+
 		MaxItemsPerCall:    s.cfg.MaxMonitoredItemsPerCall,
 		MaxItemsPerSession: s.cfg.MaxMonitoredItemsPerSession,
 		MaxItemsTotal:      s.cfg.MaxMonitoredItems,
@@ -96,7 +98,8 @@ func isSubscriptionService(req ua.Request) bool {
 	switch req.(type) {
 	case *ua.CreateSubscriptionRequest, *ua.ModifySubscriptionRequest, *ua.DeleteSubscriptionsRequest,
 		*ua.SetPublishingModeRequest, *ua.CreateMonitoredItemsRequest, *ua.ModifyMonitoredItemsRequest,
-		*ua.DeleteMonitoredItemsRequest, *ua.SetMonitoringModeRequest, *ua.PublishRequest, *ua.RepublishRequest:
+		*ua.DeleteMonitoredItemsRequest, *ua.SetMonitoringModeRequest, *ua.PublishRequest, *ua.RepublishRequest,
+		*ua.TransferSubscriptionsRequest:
 		return true
 	}
 	return false
@@ -140,6 +143,8 @@ func (s *Server) subscriptionService(cn *conn, ch *channel.Channel, reqID uint32
 		respond(ss.SetMonitoringMode(r))
 	case *ua.RepublishRequest:
 		respond(ss.Republish(r))
+	case *ua.TransferSubscriptionsRequest:
+		respond(s.transferSubscriptions(sess, ss, r))
 	case *ua.PublishRequest:
 		// A Publish waits for its subscription, not for a worker: parked,
 		// it holds no backpressure slot, so a client's outstanding
@@ -197,4 +202,37 @@ func (s *Server) subscriptionValue(name string) (any, bool) {
 		return int64(st.Sampling.MaxLateness / time.Microsecond), true
 	}
 	return nil, false
+}
+
+// transferSubscriptions serves TransferSubscriptions (Part 4 5.13.7):
+// each subscription moves to sess if the session that owns it belongs to
+// the same user (anonymous to anonymous): BadUserAccessDenied otherwise,
+// BadSubscriptionIDInvalid for one no session owns. A moved subscription
+// keeps its items, queued values, sequence numbers and retransmission
+// queue; the result lists the sequence numbers available for Republish.
+// The old session is not sent a StatusChangeNotification
+// (BadSubscriptionTransferred): its client asked for the transfer.
+func (s *Server) transferSubscriptions(sess *session.Session, ss *subscription.Session, r *ua.TransferSubscriptionsRequest) ua.Response {
+	if len(r.SubscriptionIDs) == 0 {
+		return s.fault(r, ua.StatusBadNothingToDo)
+	}
+	_, user, _ := sess.State()
+	results := make([]*ua.TransferResult, len(r.SubscriptionIDs))
+	for i, id := range r.SubscriptionIDs {
+		res := &ua.TransferResult{}
+		results[i] = res
+		key, ok := s.subs.Owner(id)
+		if !ok {
+			res.StatusCode = ua.StatusBadSubscriptionIDInvalid
+			continue
+		}
+		if owner, ok := key.(*session.Session); ok {
+			if _, u, _ := owner.State(); u != user {
+				res.StatusCode = ua.StatusBadUserAccessDenied
+				continue
+			}
+		}
+		res.AvailableSequenceNumbers, res.StatusCode = s.subs.Transfer(id, key, ss, r.SendInitialValues, s.cfg.Faults.Has(FaultTransferDrops))
+	}
+	return &ua.TransferSubscriptionsResponse{ResponseHeader: respHeader(r, ua.StatusOK), Results: results}
 }

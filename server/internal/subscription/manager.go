@@ -115,6 +115,10 @@ type Options struct {
 	// PublishDropKeep is the queue length beyond which PublishDrop drops
 	// (3).
 	PublishDropKeep int
+	// RepublishForgets is the republish-forgets fault: a subscription's
+	// retransmission queue keeps only the message just sent, so Republish
+	// of any earlier unacknowledged message is BadMessageNotAvailable.
+	RepublishForgets bool
 }
 
 func (o *Options) fill() {
@@ -256,6 +260,9 @@ type Manager struct {
 
 	mu       sync.Mutex
 	sessions map[any]*Session
+	// transferMu serializes Transfer, the only path that holds two
+	// sessions' locks.
+	transferMu sync.Mutex
 
 	created, expired, messages, keepAlives, notifications atomic.Int64
 	republished, dropped, tooMany, timedOut               atomic.Int64

@@ -106,7 +106,7 @@ func (s *Session) run(ctx context.Context, sub *Subscription) {
 			return
 		}
 		s.mu.Lock()
-		if sub.deleted {
+		if sub.deleted || sub.sess != s { // deleted, or transferred to another session
 			s.mu.Unlock()
 			return
 		}
@@ -309,8 +309,12 @@ func (s *Session) sendDataLocked(sub *Subscription, now time.Duration) bool {
 			NotificationData: []*ua.ExtensionObject{newDataChangeObject(notes)},
 		}
 		sub.retrans = append(sub.retrans, msg)
-		if len(sub.retrans) > m.opts.MaxRetransmit {
-			sub.retrans = slices.Delete(sub.retrans, 0, len(sub.retrans)-m.opts.MaxRetransmit)
+		keep := m.opts.MaxRetransmit
+		if m.opts.RepublishForgets {
+			keep = 1 // fault republish-forgets: earlier messages are gone
+		}
+		if len(sub.retrans) > keep {
+			sub.retrans = slices.Delete(sub.retrans, 0, len(sub.retrans)-keep)
 		}
 		more := sub.hasData()
 		p.call.Respond(&ua.PublishResponse{

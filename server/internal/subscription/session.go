@@ -53,7 +53,9 @@ type Session struct {
 
 // Subscription is one subscription of a session.
 type Subscription struct {
-	id   uint32
+	id uint32
+	// sess is the owning session; Transfer changes it (and stop) with
+	// both sessions' locks held, so either lock guards reading it.
 	sess *Session
 	wake chan struct{} // cap 1: interval changed
 	stop context.CancelFunc

@@ -1,0 +1,192 @@
+package recovery_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gopcua/opcua/ua"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/reconnect"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
+	"github.com/opcua-chaos/opcua-chaos/server"
+	"github.com/opcua-chaos/opcua-chaos/toxics"
+)
+
+const (
+	property = "recovery"
+	// The client's secure channel lives channelLifetime (the reference
+	// server's minimum), its session sessionTimeout: the partition
+	// (nemesis.PartitionFor) outlives the one, not the other.
+	channelLifetime = 10 * time.Second
+	sessionTimeout  = 30 * time.Second
+	// items counters sampled every sampling, published every publishing,
+	// with outstanding Publish requests: those parked at the server when
+	// the partition starts are answered into it, and their messages lost.
+	items       = 4
+	sampling    = 20 * time.Millisecond
+	publishing  = 100 * time.Millisecond
+	outstanding = 2
+	// queue holds every value of an outage of the partition's length.
+	queue = 1000
+	// warm is the subscription's run before each fault, settle after.
+	warm   = 2 * time.Second
+	settle = 2 * time.Second
+	// streamed is the run of the subscription in its new session.
+	streamed = 3 * time.Second
+	// down is how long the killed server stays down.
+	down = time.Second
+	// maxReactivate bounds the time from the partition's end to the
+	// session's activation on the new channel; maxServe the time from the
+	// server's restart to the first good Read (its start-up included).
+	maxReactivate = 5 * time.Second
+	maxServe      = 10 * time.Second
+	// maxGap bounds the gap in every item's samples across the transfer.
+	maxGap = time.Second
+)
+
+// Fault windows of the spec.
+const (
+	faultPartition = "partition"
+	faultKill      = "kill"
+)
+
+// catches are the reference server's recovery bugs the spec is aimed at
+// under baseline: a retransmission queue that forgets, a session that
+// cannot move channel, a transfer that loses the items.
+var catches = []server.Fault{server.FaultRepublishForgets, server.FaultNoReactivate, server.FaultTransferDrops}
+
+// pause waits d or until ctx ends.
+func pause(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// run runs sub's Publish loop on c in the background until stop; stop
+// returns the loop's error.
+func run(ctx context.Context, sub *reconnect.Subscription, c *reconnect.Client) (stop func() error) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		defer GinkgoRecover()
+		done <- sub.Run(ctx, c, outstanding)
+	}()
+	return func() error { cancel(); return <-done }
+}
+
+var _ = Describe("Recovery after broken connections and restarts", spec.Property(property), func() {
+	DescribeTable("takes its session to a new channel after a partition, republishes what it lost, transfers its subscription without a gap and serves again after kill -9", func(ctx SpecContext, cond toxics.Condition) {
+		h.Require(spec.Needs(cond)...)
+		part, err := nemesis.PartitionFor(nemesis.Lifetimes{Channel: channelLifetime, Session: sessionTimeout})
+		Expect(err).NotTo(HaveOccurred())
+		e, err := h.Start(ctx)
+		Expect(err).NotTo(HaveOccurred(), "start environment")
+		rec := h.NewRecorder(map[string]string{"condition": cond.Name, "partition": part.String()})
+		_, err = spec.Apply(ctx, e, rec, cond)
+		Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
+
+		cfg := reconnect.Config{Endpoint: e.Endpoint, Client: "c1", SessionTimeout: sessionTimeout, ChannelLifetime: channelLifetime}
+		c1, err := reconnect.Open(ctx, rec, cfg, "s1")
+		DeferCleanup(func(ctx context.Context) { _ = c1.Close(ctx) }, NodeTimeout(10*time.Second))
+		Expect(err).NotTo(HaveOccurred(), "open session")
+		nodes := make([]*ua.NodeID, items)
+		for i := range nodes {
+			nodes[i] = ua.NewStringNodeID(1, fmt.Sprintf("SampledCounter.%d", i))
+		}
+		sub, err := c1.Subscribe(ctx, "sub1", nodes, sampling, publishing, queue)
+		Expect(err).NotTo(HaveOccurred(), "subscribe")
+		stop := run(ctx, sub, c1)
+		pause(ctx, warm)
+
+		By(fmt.Sprintf("partitioning the network for %v (channel lifetime %v, session timeout %v)", part, channelLifetime, sessionTimeout))
+		undo, err := spec.Inject(ctx, e, rec, nemesis.Partition(faultPartition, env.ProxyName))
+		Expect(err).NotTo(HaveOccurred(), "partition")
+		pause(ctx, part)
+		Expect(undo(ctx)).To(Succeed(), "end the partition")
+		quietFrom := rec.Now()
+		GinkgoWriter.Printf("publish loop during the partition: %v\n", stop())
+
+		By("activating the session on a new secure channel")
+		rctx, cancel := context.WithTimeout(ctx, 2*maxReactivate)
+		err = c1.Reactivate(rctx)
+		cancel()
+		if err != nil {
+			// What a client does when its session cannot move: a new
+			// session, which takes the subscription along.
+			GinkgoWriter.Printf("reactivation refused (%v): new session and TransferSubscriptions\n", err)
+			Expect(c1.NewSession(ctx, "s1-new")).To(Succeed(), "new session after a refused reactivation")
+			Expect(sub.Transfer(ctx, c1)).To(Succeed(), "take the subscription to the new session")
+		}
+		stop = run(ctx, sub, c1)
+		pause(ctx, settle)
+
+		By("republishing the messages the partition lost")
+		n, err := sub.Recover(ctx, c1)
+		Expect(err).NotTo(HaveOccurred(), "republish")
+		GinkgoWriter.Printf("republish: asked for %d message(s)\n", n)
+
+		By("transferring the subscription to a new session")
+		cfg.Client = "c2"
+		c2, err := reconnect.Open(ctx, rec, cfg, "s2")
+		DeferCleanup(func(ctx context.Context) { _ = c2.Close(ctx) }, NodeTimeout(10*time.Second))
+		Expect(err).NotTo(HaveOccurred(), "open the second session")
+		transferAt := rec.Now()
+		Expect(sub.Transfer(ctx, c2)).To(Succeed(), "transfer")
+		GinkgoWriter.Printf("publish loop of the first session: %v\n", stop())
+		stop = run(ctx, sub, c2)
+		pause(ctx, streamed)
+		GinkgoWriter.Printf("publish loop of the second session: %v\n", stop())
+		_, err = sub.Recover(ctx, c2)
+		Expect(err).NotTo(HaveOccurred(), "republish after the transfer")
+
+		By(fmt.Sprintf("killing the server with SIGKILL for %v and restarting it", down))
+		Expect(c2.Read(ctx)).To(Succeed(), "read before the kill")
+		quietTo := rec.Now()
+		undo, err = spec.Inject(ctx, e, rec, nemesis.Kill(faultKill))
+		Expect(err).NotTo(HaveOccurred(), "kill")
+		pause(ctx, down)
+		Expect(undo(ctx)).To(Succeed(), "restart")
+		// The session is gone with the process: reactivate, then a new
+		// session, until a Read is served.
+		deadline := time.Now().Add(2 * maxServe)
+		for served := false; !served && time.Now().Before(deadline) && ctx.Err() == nil; {
+			rctx, cancel := context.WithTimeout(ctx, maxServe)
+			err := c2.Reactivate(rctx)
+			cancel()
+			if err != nil {
+				if err := c2.NewSession(ctx, fmt.Sprintf("s2-restart-%d", rec.Now()/time.Millisecond)); err != nil {
+					pause(ctx, 200*time.Millisecond)
+					continue
+				}
+			}
+			served = c2.Read(ctx) == nil
+		}
+
+		judgedFrom := max(transferAt-settle, 0)
+		// The machine must be quiet while the client recovers its session
+		// and stream: from the partition's end to the kill. Not before
+		// (the environment's start still runs in the engine; nothing is
+		// measured while the partition holds) nor after (the engine
+		// restarts the server: its CPU is the fault's own).
+		quiet := spec.Quiet(check.Span{From: quietFrom, To: quietTo, Window: 2 * time.Second})
+		quiet.Stage = check.Assumption
+		spec.Judge(property, cond.Name, rec, map[string]float64{"partition_ms": float64(part / time.Millisecond)},
+			check.Spec{Name: "reactivation", Config: check.ReactivationConfig{Faults: []string{faultPartition}, MaxDelay: maxReactivate}},
+			check.Spec{Name: "sequence", Config: check.SequenceConfig{Subscriptions: []string{sub.Label}}},
+			check.Spec{Name: "transfer-stream", Config: check.SamplingConfig{
+				Span:     check.Span{From: judgedFrom, To: transferAt + streamed - 500*time.Millisecond},
+				Interval: sampling, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.95, MaxGap: maxGap,
+			}},
+			check.Spec{Name: "serves-again", Config: check.ServesAgainConfig{Faults: []string{faultKill}, Kinds: []history.Kind{history.KindRead}, MaxDelay: maxServe}},
+			quiet,
+		)
+	}, spec.Entries(toxics.CI(), catches, SpecTimeout(3*time.Minute)))
+})
