@@ -115,7 +115,9 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 		e, rec := start(ctx, cond, 2)
 		// Seeded from the suite seed: replay with --seed.
 		rng := rand.New(rand.NewPCG(uint64(GinkgoRandomSeed()), 0x5eed))
-		p := load.Profile{Name: "bursty", Endpoint: e.Endpoint, Duration: 10 * time.Second}
+		// 7 s: every session wakes the server 5–10 times (idle gaps
+		// of 0.6–1.2 s), 30–60 wakeups of parked workers per spec.
+		p := load.Profile{Name: "bursty", Endpoint: e.Endpoint, Duration: 7 * time.Second}
 		gaps := map[string]float64{}
 		for i := range 6 {
 			idle := time.Duration(600+rng.IntN(600)) * time.Millisecond
@@ -146,7 +148,9 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 				By("driving " + name)
 				rec.Mark("shape "+name, "")
 				p := load.Pipelined(e.Endpoint, shape.sessions, shape.outstanding)
-				p.Name, p.Duration = name, 2500*time.Millisecond
+				// 2 s a shape: every worker parks and wakes
+				// thousands of times in it (a few ms a request)
+				p.Name, p.Duration = name, 2*time.Second
 				for i := range p.Sessions {
 					p.Sessions[i].Name = fmt.Sprintf("%s-%02d", name, i)
 				}
@@ -174,7 +178,8 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 		// 4 sessions keep one 1 s request each in flight; a
 		// server that serves requests one at a time (head-of-line
 		// blocking) leaves the fast session waiting a second.
-		p := load.Profile{Name: "head-of-line", Endpoint: e.Endpoint, Duration: 6 * time.Second}
+		// 4 s: four rounds of the slow requests
+		p := load.Profile{Name: "head-of-line", Endpoint: e.Endpoint, Duration: 4 * time.Second}
 		p.Sessions = append(load.Sessions(4, "slow", load.Session{Outstanding: 1, Requests: []load.Request{load.SlowRead(time.Second)}}),
 			load.Session{Name: "fast", Outstanding: 4})
 		figs := run(ctx, rec, p)
