@@ -257,7 +257,11 @@ func TestServerTooBusy(t *testing.T) {
 	endpoint, srv := startServer(t, Config{Workers: 1, QueueSize: 4, OwnerQueueSize: 2})
 	c1 := connect(t, endpoint, asUser(t, endpoint, "user1", "password"))
 	c2 := connect(t, endpoint, asUser(t, endpoint, "user2", "password1"))
-	running := occupyWorker(t, srv, c1, 500)
+	// The worker stays busy while both owners fill the queue and are
+	// refused (six round trips): 500 ms was too short under -race on a
+	// busy machine (the worker freed, the queue drained, "2 queued"
+	// never seen).
+	running := occupyWorker(t, srv, c1, 3000)
 
 	var first []<-chan error
 	for range 2 {
