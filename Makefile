@@ -63,7 +63,7 @@ $(CHAOS):
 # when Ginkgo passed; Ginkgo's exit status wins when it failed. The HTML
 # page comes last and never changes the exit status.
 chaos: $(CHAOS) ## run all suites against TARGET (LABEL_FILTER, SEED, STRICT) and print the summary
-	@OPCUA_CHAOS_RUN=$(RUN) $(CHAOS) preflight
+	@OPCUA_CHAOS_RUN=$(RUN) OPCUA_CHAOS_LABEL_FILTER='$(LABEL_FILTER)' $(CHAOS) preflight
 	@go tool ginkgo build -r ./suites/... >/dev/null
 	@rc=0; OPCUA_CHAOS_RUN=$(RUN) go tool ginkgo $(GINKGO_FLAGS) $(SUITE_BINS) || rc=$$?; \
 	$(CHAOS) table $(REPORTS)/$(RUN) || { t=$$?; [ $$rc -ne 0 ] || rc=$$t; }; \
