@@ -66,7 +66,7 @@ chaos: $(CHAOS) ## run all suites against TARGET (LABEL_FILTER, SEED, STRICT) an
 	@OPCUA_CHAOS_RUN=$(RUN) OPCUA_CHAOS_LABEL_FILTER='$(LABEL_FILTER)' $(CHAOS) preflight
 	@go tool ginkgo build -r ./suites/... >/dev/null
 	@rc=0; OPCUA_CHAOS_RUN=$(RUN) go tool ginkgo $(GINKGO_FLAGS) $(SUITE_BINS) || rc=$$?; \
-	$(CHAOS) table $(REPORTS)/$(RUN) || { t=$$?; [ $$rc -ne 0 ] || rc=$$t; }; \
+	OPCUA_CHAOS_SUITES="$$(for d in $(SUITE_DIRS); do basename $$d; done)" $(CHAOS) table $(REPORTS)/$(RUN) || { t=$$?; [ $$rc -ne 0 ] || rc=$$t; }; \
 	$(CHAOS) report $(REPORTS)/$(RUN) || true; \
 	exit $$rc
 
