@@ -25,16 +25,23 @@ import (
 // Load shapes and bounds of the backpressure specs.
 const (
 	// deepSessions × deepOutstanding fast Reads for deepFor: the load that
-	// faulted the .NET stack's channels with BadTcpNotEnoughResources.
+	// faulted the .NET stack's channels with BadTcpNotEnoughResources
+	// (the pipelines are full within the first second; 6 s put ~80 000
+	// requests through the server under the CPU limit: 111 000–121 000 in
+	// 8 s in a CI run, ~200 000 without the limit).
 	deepSessions    = 10
 	deepOutstanding = 1000
-	deepFor         = 8 * time.Second
+	deepFor         = 6 * time.Second
 
 	// slowKBps throttles the responses of the slow reader, which pipelines
-	// slowDepth requests at once; the throttle holds for throttleFor.
+	// slowDepth requests at once; the throttle holds for throttleFor: the
+	// server stops reading within its first second (all 30 000 are sent
+	// at once), so 6 s give ~50 readings of its pending responses at the
+	// marks, and a server without backpressure or with a leak has taken
+	// the whole pipeline (its growth) by then.
 	slowKBps    = 32
 	slowDepth   = 30_000
-	throttleFor = 8 * time.Second
+	throttleFor = 6 * time.Second
 
 	// requestTimeout is long enough that no client gives up on a request
 	// while its responses are throttled.
