@@ -56,6 +56,21 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 		c, err := uaclient.Open(ctx, e.Endpoint)
 		Expect(err).NotTo(HaveOccurred(), "open session")
 		DeferCleanup(func(ctx context.Context) { _ = c.Close(ctx) }, NodeTimeout(10*time.Second))
+		// Samples lost during a fault (and its grace) are excused; in the
+		// quiet parts between faults every item must be back at ≥ 99 %: a
+		// sampler that drifts or stays behind after starvation fails there.
+		span := check.Span{From: warmup, To: runFor - window, Window: window}
+		checks := []check.Spec{
+			{Name: "nemesis-items", Config: check.SamplingConfig{
+				Span: span, Interval: interval, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.99,
+				Excuse: []string{"*"}, Grace: grace,
+			}},
+			{Name: "nemesis-publish", Config: check.ErrorBudgetConfig{
+				Span: check.Span{From: warmup, To: runFor - window}, Kinds: []history.Kind{history.KindPublish},
+				Excuse: []string{"*"}, Grace: grace,
+			}},
+		}
+		spec.Plan(checks...)
 		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
 		st, err := subscribe.Run(ctx, rec, c, subscribe.Config{
 			Client: "sub", Items: items,
@@ -66,20 +81,7 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 		Expect(wait()).To(Succeed(), "nemesis schedule")
 		figs := st.Figures()
 		figs["nemesis.steps"] = float64(steps)
-		// Samples lost during a fault (and its grace) are excused; in the
-		// quiet parts between faults every item must be back at ≥ 99 %: a
-		// sampler that drifts or stays behind after starvation fails there.
-		span := check.Span{From: warmup, To: runFor - window, Window: window}
-		spec.Judge(property, toxics.Scheduled.Name, rec, figs,
-			check.Spec{Name: "nemesis-items", Config: check.SamplingConfig{
-				Span: span, Interval: interval, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.99,
-				Excuse: []string{"*"}, Grace: grace,
-			}},
-			check.Spec{Name: "nemesis-publish", Config: check.ErrorBudgetConfig{
-				Span: check.Span{From: warmup, To: runFor - window}, Kinds: []history.Kind{history.KindPublish},
-				Excuse: []string{"*"}, Grace: grace,
-			}},
-		)
+		spec.Judge(property, toxics.Scheduled.Name, rec, figs, checks...)
 	}, spec.SoakTimeout(2*time.Minute))
 
 	// With 1024 items: catches fault sampler-skips (items-1024:
@@ -93,6 +95,23 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 			Expect(err).NotTo(HaveOccurred(), "start environment")
 			pattern := h.Setup.Target.SampleNode
 			rec := h.NewRecorder(map[string]string{"condition": cond.Name, "items": fmt.Sprint(items)})
+			span := check.Span{From: warmup, To: warmup + judged, Count: 5}
+			checks := []check.Spec{
+				{Name: fmt.Sprintf("items-%d", items), Config: check.SamplingConfig{
+					Span:     span,
+					Interval: interval, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.99,
+				}},
+				{Name: fmt.Sprintf("items-%d-publish", items), Config: check.ErrorBudgetConfig{
+					// Publish requests still out when the run ends are
+					// abandoned by the client, not lost: judge the span.
+					Span: span, Kinds: []history.Kind{history.KindPublish}}},
+				// the server samples at the interval asked for
+				{Name: fmt.Sprintf("items-%d-interval", items), Config: check.ReadingsConfig{
+					Reading: readingRevisedSampling, Max: check.Bound(float64(interval) / float64(time.Millisecond)), Required: true,
+					What: "revised sampling interval in ms", Discrete: true,
+				}},
+			}
+			spec.Plan(checks...)
 			_, err = spec.Apply(ctx, e, rec, cond)
 			Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
 
@@ -111,22 +130,7 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 			Expect(err).NotTo(HaveOccurred(), "subscribe")
 			figs := st.Figures()
 			rec.Reading(readingRevisedSampling, float64(st.RevisedSampling)/float64(time.Millisecond))
-			span := check.Span{From: warmup, To: warmup + judged, Count: 5}
-			spec.Judge(property, cond.Name, rec, figs,
-				check.Spec{Name: fmt.Sprintf("items-%d", items), Config: check.SamplingConfig{
-					Span:     span,
-					Interval: interval, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.99,
-				}},
-				check.Spec{Name: fmt.Sprintf("items-%d-publish", items), Config: check.ErrorBudgetConfig{
-					// Publish requests still out when the run ends are
-					// abandoned by the client, not lost: judge the span.
-					Span: span, Kinds: []history.Kind{history.KindPublish}}},
-				// the server samples at the interval asked for
-				check.Spec{Name: fmt.Sprintf("items-%d-interval", items), Config: check.ReadingsConfig{
-					Reading: readingRevisedSampling, Max: check.Bound(float64(interval) / float64(time.Millisecond)), Required: true,
-					What: "revised sampling interval in ms", Discrete: true,
-				}},
-			)
+			spec.Judge(property, cond.Name, rec, figs, checks...)
 		}, spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)))
 	}
 })

@@ -94,25 +94,30 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 	It("keeps every request moving through a seeded nemesis schedule", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
 		runFor := spec.SoakFor()
 		e, rec := start(ctx, toxics.Scheduled, 0)
+		// Nothing in the schedule closes a connection: every request
+		// completes exactly once, none fails, and no session waits 2 s
+		// with requests outstanding and nothing completing.
+		checks := []check.Spec{
+			{Name: "nemesis-stall", Config: check.StallConfig{GroupBy: check.BySession, MaxStall: 2 * time.Second, Kinds: []history.Kind{history.KindRead}}},
+			{Name: "nemesis-errors", Config: check.ErrorBudgetConfig{}},
+			{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead}}},
+			sessionsOpened("nemesis-sessions"),
+		}
+		spec.Plan(checks...)
 		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
 		p := load.Pipelined(e.Endpoint, 10, 50)
 		p.Name, p.Duration, p.RequestTimeout = "nemesis", runFor, 30*time.Second
 		figs := run(ctx, rec, p)
 		Expect(wait()).To(Succeed(), "nemesis schedule")
 		figs["nemesis.steps"] = float64(steps)
-		// Nothing in the schedule closes a connection: every request
-		// completes exactly once, none fails, and no session waits 2 s
-		// with requests outstanding and nothing completing.
-		spec.Judge(property, toxics.Scheduled.Name, rec, figs,
-			check.Spec{Name: "nemesis-stall", Config: check.StallConfig{GroupBy: check.BySession, MaxStall: 2 * time.Second, Kinds: []history.Kind{history.KindRead}}},
-			check.Spec{Name: "nemesis-errors", Config: check.ErrorBudgetConfig{}},
-			check.Spec{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead}}},
-			sessionsOpened("nemesis-sessions"),
-		)
+		spec.Judge(property, toxics.Scheduled.Name, rec, figs, checks...)
 	}, spec.SoakTimeout(2*time.Minute))
 
 	DescribeTable("completes bursts separated by idle gaps, with few workers that park often", func(ctx SpecContext, cond toxics.Condition) {
 		e, rec := start(ctx, cond, 2)
+		checks := []check.Spec{stallCheck("bursty", check.BySession, history.KindRead),
+			{Name: "bursty-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce("bursty-exactly-once"), sessionsOpened("bursty-sessions")}
+		spec.Plan(checks...)
 		// Seeded from the suite seed: replay with --seed.
 		rng := rand.New(rand.NewPCG(uint64(GinkgoRandomSeed()), 0x5eed))
 		// 7 s: every session wakes the server 5–10 times (idle gaps
@@ -131,8 +136,7 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 		}
 		rec.SetLabel("profile", fmt.Sprint(gaps))
 		figs := run(ctx, rec, p)
-		spec.Judge(property, cond.Name, rec, figs, stallCheck("bursty", check.BySession, history.KindRead),
-			check.Spec{Name: "bursty-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce("bursty-exactly-once"), sessionsOpened("bursty-sessions"))
+		spec.Judge(property, cond.Name, rec, figs, checks...)
 	}, spec.Entries(toxics.CI(), catches, SpecTimeout(time.Minute)))
 
 	for _, capacity := range []struct {
@@ -142,6 +146,10 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 		// catches fault lost-response (shapes-*-exactly-once, shapes-*-errors: lost responses)
 		DescribeTable(fmt.Sprintf("completes pipelines of shapes 1×200, 10×100 and 64×1 with %s server capacity", capacity.name), func(ctx SpecContext, cond toxics.Condition) {
 			e, rec := start(ctx, cond, capacity.workers)
+			prefix := "shapes-" + capacity.name
+			checks := []check.Spec{stallCheck(prefix, check.ByRun, history.KindRead),
+				{Name: prefix + "-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce(prefix + "-exactly-once"), sessionsOpened(prefix + "-sessions")}
+			spec.Plan(checks...)
 			figs := map[string]float64{}
 			for _, shape := range []struct{ sessions, outstanding int }{{1, 200}, {10, 100}, {64, 1}} {
 				name := fmt.Sprintf("%dx%d", shape.sessions, shape.outstanding)
@@ -166,15 +174,16 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 			// lost. The seed's stall (an emptied owner left with
 			// no turn) stops the whole pipeline; a session starved
 			// for good fails MaxLatency.
-			spec.Judge(property, cond.Name, rec, figs, stallCheck("shapes-"+capacity.name, check.ByRun, history.KindRead),
-				check.Spec{Name: "shapes-" + capacity.name + "-errors", Config: check.ErrorBudgetConfig{}},
-				exactlyOnce("shapes-"+capacity.name+"-exactly-once"), sessionsOpened("shapes-"+capacity.name+"-sessions"))
+			spec.Judge(property, cond.Name, rec, figs, checks...)
 		}, spec.Entries(toxics.CI(), catches, SpecTimeout(90*time.Second)))
 
 	}
 
 	DescribeTable("keeps serving fast requests while other sessions' slow requests run", func(ctx SpecContext, cond toxics.Condition) {
 		e, rec := start(ctx, cond, 0, "service-time")
+		checks := []check.Spec{stallCheck("head-of-line", check.BySession, history.KindRead),
+			{Name: "head-of-line-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce("head-of-line-exactly-once"), sessionsOpened("head-of-line-sessions")}
+		spec.Plan(checks...)
 		// 4 sessions keep one 1 s request each in flight; a
 		// server that serves requests one at a time (head-of-line
 		// blocking) leaves the fast session waiting a second.
@@ -183,7 +192,6 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 		p.Sessions = append(load.Sessions(4, "slow", load.Session{Outstanding: 1, Requests: []load.Request{load.SlowRead(time.Second)}}),
 			load.Session{Name: "fast", Outstanding: 4})
 		figs := run(ctx, rec, p)
-		spec.Judge(property, cond.Name, rec, figs, stallCheck("head-of-line", check.BySession, history.KindRead),
-			check.Spec{Name: "head-of-line-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce("head-of-line-exactly-once"), sessionsOpened("head-of-line-sessions"))
+		spec.Judge(property, cond.Name, rec, figs, checks...)
 	}, spec.Entries(toxics.CI(), catches, SpecTimeout(time.Minute)))
 })
