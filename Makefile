@@ -54,7 +54,7 @@ SUITE_BINS = $$(for d in $(SUITE_DIRS); do echo $$d/$$(basename $$d).test; done)
 # died).
 SUITE_NAMES = $$(for d in $(SUITE_DIRS); do basename $$d; done)
 
-.PHONY: help chaos test fmt-check vet unit images clean faults recheck merge specificity report $(CHAOS)
+.PHONY: help chaos test fmt-check vet unit fuzz images clean faults recheck merge specificity report $(CHAOS)
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -74,7 +74,7 @@ chaos: $(CHAOS) ## run all suites against TARGET (LABEL_FILTER, SEED, STRICT) an
 	$(CHAOS) report $(REPORTS)/$(RUN) || true; \
 	exit $$rc
 
-test: fmt-check vet unit chaos ## gofmt check, go vet, unit tests with -race, then make chaos
+test: fmt-check vet unit fuzz chaos ## gofmt check, go vet, unit tests with -race, a short fuzz run, then make chaos
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -85,6 +85,16 @@ vet:
 
 unit: ## unit tests (everything but the suites) with -race
 	go test -race -count=1 $(UNIT_PKGS)
+
+# Go native fuzzing of the reference server's request path, FUZZTIME per
+# target: the whole handling of a message on a live session (a Read must
+# still be answered after it) and the guarded decoding of a request body.
+# make test fuzzes briefly, the nightly for minutes; a crasher lands in
+# the package's testdata/fuzz and is then a regression test of go test.
+FUZZTIME ?= 10s
+fuzz: ## fuzz the server's request handling and decoding for FUZZTIME per target
+	go test -run '^$$' -fuzz '^FuzzHandleMessage$$' -fuzztime $(FUZZTIME) ./server
+	go test -run '^$$' -fuzz '^FuzzDecodeService$$' -fuzztime $(FUZZTIME) ./server/internal/uabin
 
 images: $(CHAOS) ## build (or reuse) the server and toxiproxy images
 	@$(CHAOS) images

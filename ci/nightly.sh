@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Nightly soak: run the suites REPEATS times (each round with a new seed)
+# Nightly soak: fuzz the server's request path (FUZZTIME per target,
+# default 5m), run the suites REPEATS times (each round with a new seed)
 # with the soak-labelled specs, then the fault matrix (make faults: every
 # fault switch must be caught). Every round runs even after a failure, so
 # the night reports a pass rate per spec and the seeds of its failures
@@ -18,6 +19,9 @@ case "$REPEATS" in ''|*[!0-9]*|0) echo "error: REPEATS must be a positive intege
 NIGHT="nightly-$(date -u +%Y%m%d-%H%M%S)"
 rc=0
 runs=()
+# Fuzz the server's request path for minutes (make test does seconds).
+echo "nightly: fuzzing ${FUZZTIME:-5m} per target"
+make fuzz FUZZTIME="${FUZZTIME:-5m}" || { echo "nightly: fuzzing found a crasher (in server/**/testdata/fuzz)"; rc=1; }
 for i in $(seq 1 "$REPEATS"); do
 	echo "nightly: round $i of $REPEATS"
 	run="$NIGHT-r$i"
