@@ -110,14 +110,6 @@ var diagnosticNodes = []string{
 	"Queue.Depth", "Counter.TooBusy",
 }
 
-// monitor samples the server container's usage, if the target has one.
-func monitor(ctx context.Context, e *env.Env) *env.Monitor {
-	if e.Server == nil {
-		return nil
-	}
-	return e.MonitorServer(ctx, 250*time.Millisecond)
-}
-
 // settle lets the monitor watch the server for drainSettle after the load
 // drained: what it still holds then is what it retains.
 func settle(ctx context.Context, mon *env.Monitor) {
@@ -130,18 +122,17 @@ func settle(ctx context.Context, mon *env.Monitor) {
 	}
 }
 
-// stopMonitor stops the monitor, records every reading into rec
-// (spec.RecordUsage: memory and CPU, at the time each was taken) for the
-// backpressure check, and returns the server's usage (nil for a target
-// without container: memory is then not judged, and the check says so).
-func stopMonitor(mon *env.Monitor, rec *history.Recorder) *env.UsageSummary {
+// stopMonitor stops the monitor (spec.MonitorServer recorded its readings,
+// memory and CPU, into the history as it took them) and returns the
+// server's usage (nil for a target without container: memory is then not
+// judged, and the check says so).
+func stopMonitor(mon *env.Monitor) *env.UsageSummary {
 	GinkgoHelper()
 	if mon == nil {
 		return nil
 	}
 	us, err := mon.Stop()
 	Expect(err).NotTo(HaveOccurred(), "sample server usage")
-	spec.RecordUsage(rec, mon)
 	return &us
 }
 
@@ -258,18 +249,35 @@ func start(ctx context.Context, cond toxics.Condition) (*env.Env, *history.Recor
 	serverRuns(ctx, e, rec) // the first reading survival compares with
 	_, err = spec.Apply(ctx, e, rec, cond)
 	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
-	return e, rec, monitor(ctx, e)
+	return e, rec, spec.MonitorServer(ctx, e, rec)
 }
 
 var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 	// catches fault slow-leak (nemesis-trend: a leak)
 	It("serves 10 sessions × 1000 outstanding Reads through a seeded nemesis schedule, exactly once, in bounded memory", Label("soak"), spec.Condition(toxics.Scheduled.Name), spec.Catches(server.FaultSlowLeak), func(ctx SpecContext) {
 		runFor := spec.SoakFor()
+		// Nothing in the schedule closes a connection: no errors, no
+		// channel faults, every request answered exactly once; a throttled
+		// or starved server slows down but never stops for 5 s, and holds
+		// its memory within the deep bounds.
+		checks := []check.Spec{
+			{Name: "nemesis-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
+			{Name: "nemesis-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: 5 * time.Second}},
+			{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
+			memoryCheck("nemesis-memory", deepGrowthMiB, deepRetainedMiB, ""),
+			survival("nemesis-survival"),
+			sessionsOpened("nemesis-sessions", deepSessions),
+			// over the soak: the server's memory does not keep growing
+			// and its throughput does not drift down
+			{Name: "nemesis-trend", Config: check.TrendConfig{Kinds: judged}},
+			spec.Headroom(0), // the schedule changes the server's limit
+		}
+		spec.Plan(checks...)
 		e, err := h.Start(ctx)
 		Expect(err).NotTo(HaveOccurred(), "start environment")
 		rec := h.NewRecorder(map[string]string{"condition": toxics.Scheduled.Name})
 		serverRuns(ctx, e, rec)
-		mon := monitor(ctx, e)
+		mon := spec.MonitorServer(ctx, e, rec)
 		rss := load.SampleRSS(ctx, rec, 5*time.Second)
 		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
 		p := load.Pipelined(e.Endpoint, deepSessions, deepOutstanding)
@@ -279,29 +287,15 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		Expect(wait()).To(Succeed(), "nemesis schedule")
 		settle(ctx, mon)
 		rss()
-		us := stopMonitor(mon, rec)
-		figs := spec.LoadFigures("backpressure", "nemesis.", toxics.Scheduled, st, us)
+		us := stopMonitor(mon)
+		figs := spec.LoadFigures("nemesis.", st, us)
 		figs["nemesis.steps"] = float64(steps)
 		sp := rec.History().SpillStats()
 		figs["nemesis.history.spilled_ops"], figs["nemesis.history.spilled_mib"] = float64(sp.Ops), float64(sp.Bytes)/(1<<20)
 		GinkgoWriter.Printf("history: %d ops spilled in %d segments, %.1f MiB on disk (%.1f B/op)\n", sp.Ops, sp.Segments, float64(sp.Bytes)/(1<<20), float64(sp.Bytes)/float64(max(sp.Ops, 1)))
 		diagnostics(ctx, e, rec, "nemesis.diag.", figs)
-		// Nothing in the schedule closes a connection: no errors, no
-		// channel faults, every request answered exactly once; a throttled
-		// or starved server slows down but never stops for 5 s, and holds
-		// its memory within the deep bounds.
 		rec.Reading(readingSessionsOpened, float64(st.Sessions))
-		spec.Judge("backpressure", toxics.Scheduled.Name, rec, figs,
-			check.Spec{Name: "nemesis-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
-			check.Spec{Name: "nemesis-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: 5 * time.Second}},
-			check.Spec{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
-			memoryCheck("nemesis-memory", deepGrowthMiB, deepRetainedMiB, ""),
-			survival("nemesis-survival"),
-			sessionsOpened("nemesis-sessions", deepSessions),
-			// over the soak: the server's memory does not keep growing
-			// and its throughput does not drift down
-			check.Spec{Name: "nemesis-trend", Config: check.TrendConfig{Kinds: judged}},
-		)
+		spec.Judge("backpressure", toxics.Scheduled.Name, rec, figs, checks...)
 	}, spec.SoakTimeout(2*time.Minute))
 
 	// catches fault lost-response (deep-exactly-once: lost responses)
@@ -316,6 +310,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 			memoryCheck("deep-memory", deepGrowthMiB, deepRetainedMiB, ""),
 			survival("deep-survival"),
 			sessionsOpened("deep-sessions", deepSessions),
+			spec.Headroom(float64(cond.NanoCPUs) / 1e9),
 		}
 		spec.Plan(checks...)
 		e, rec, mon := start(ctx, cond)
@@ -333,8 +328,8 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		Expect(err).NotTo(HaveOccurred(), "run load")
 
 		settle(ctx, mon)
-		us := stopMonitor(mon, rec)
-		figs := spec.LoadFigures("backpressure", "deep.", cond, st, us)
+		us := stopMonitor(mon)
+		figs := spec.LoadFigures("deep.", st, us)
 		diagnostics(ctx, e, rec, "deep.diag.", figs)
 		rec.Reading(readingSessionsOpened, float64(st.Sessions))
 		spec.Judge("backpressure", cond.Name, rec, figs, checks...)
@@ -402,7 +397,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		maps.Copy(figs, spec.Prefixed("slow.", res.st.Figures()))
 		// The reader is throttled on purpose: no client-bound verdict.
 		settle(ctx, mon)
-		if us := stopMonitor(mon, rec); us != nil {
+		if us := stopMonitor(mon); us != nil {
 			maps.Copy(figs, spec.Prefixed("slow.", us.Figures()))
 		}
 		diagnostics(ctx, e, rec, "slow.diag.", figs)

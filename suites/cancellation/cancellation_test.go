@@ -366,6 +366,11 @@ func cancelStorm(ctx context.Context, cond toxics.Condition, stream uint64, stor
 	rec := h.NewRecorder(map[string]string{"condition": cond.Name})
 	_, err = spec.Apply(ctx, e, rec, cond)
 	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
+	slow := []history.Kind{history.KindSlowRead}
+	// The counts, planned before the load: a spec that ends before Judge
+	// (its timeout, an interrupt) saves its history judged by them.
+	exactlyOnce := check.Spec{Name: "storm-exactly-once", Config: check.ExactlyOnceConfig{Kinds: slow, RequireCancels: true}}
+	spec.Plan(exactlyOnce, sessionsOpened("storm-sessions"))
 	rng := rand.New(rand.NewPCG(uint64(GinkgoRandomSeed()), stream))
 	exp := gmeasure.NewExperiment("cancel storm")
 	AddReportEntry(exp.Name, exp)
@@ -433,7 +438,6 @@ func cancelStorm(ctx context.Context, cond toxics.Condition, stream uint64, stor
 		}
 	}
 
-	slow := []history.Kind{history.KindSlowRead}
 	var beforeSessions []string
 	for i := range cancellers {
 		beforeSessions = append(beforeSessions, fmt.Sprintf("before-%02d", i))
@@ -443,7 +447,7 @@ func cancelStorm(ctx context.Context, cond toxics.Condition, stream uint64, stor
 		// that does not take its service time aims them nowhere.
 		check.Assume("storm-slow-reads", check.MedianLatencyConfig{Span: check.Span{From: before.Start, To: before.End}, Kinds: slow, Sessions: beforeSessions, Min: service}),
 		sessionsOpened("storm-sessions"),
-		check.Spec{Name: "storm-exactly-once", Config: check.ExactlyOnceConfig{Kinds: slow, RequireCancels: true}},
+		exactlyOnce,
 		check.Spec{Name: "storm-errors", Config: check.ErrorBudgetConfig{
 			Span:  check.Span{To: tBurst},
 			Kinds: []history.Kind{history.KindSlowRead, history.KindCancel, history.KindSession},
@@ -526,6 +530,25 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 			_, err = spec.Inject(ctx, e, rec, nemesis.Toxics(faultVictims+cond.Name, env.VictimProxyName, cond.Toxics...))
 			Expect(err).NotTo(HaveOccurred(), "apply %s to %s", cond.Name, env.VictimProxyName)
 		}
+		survivors := []history.Kind{history.KindRead, history.KindSlowRead, history.KindSession}
+		// The counts and the stall bound, planned before the races: a
+		// spec that ends before Judge (its timeout, an interrupt) saves
+		// its history judged by them. Judge adds the checks of what is
+		// measured on the way (session counts, probes, the close's
+		// windows).
+		counted := []check.Spec{
+			{Name: "race-survivors-stall", Config: check.StallConfig{Kinds: survivors, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
+			{Name: "race-survivors-errors", Config: check.ErrorBudgetConfig{Kinds: survivors, Drained: check.Codes{}}},
+			{Name: "race-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead, history.KindSlowRead, kindVictim}}},
+			// a closed session's reads are answered (BadSessionClosed
+			// if still queued); dead connections only in the toxics
+			{Name: "race-victims-errors", Config: check.ErrorBudgetConfig{
+				Kinds:   []history.Kind{kindVictim, check.KindCloseSession},
+				Allowed: check.Codes{ua.StatusBadSessionClosed, ua.StatusBadSessionIDInvalid},
+				Excuse:  []string{faultTimeout, faultReset}, Grace: 2 * time.Second,
+			}},
+		}
+		spec.Plan(counted...)
 		rng := rand.New(rand.NewPCG(uint64(GinkgoRandomSeed()), uint64(100+ciIndex(cond))))
 		exp := gmeasure.NewExperiment("close and reset races")
 		AddReportEntry(exp.Name, exp)
@@ -659,7 +682,6 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 		figs["race.probe.after_ms"] = float64(after) / float64(time.Millisecond)
 		figs["race.probe.ratio"] = ratio
 
-		survivors := []history.Kind{history.KindRead, history.KindSlowRead, history.KindSession}
 		// The survivors' throughput in the second after the backlog
 		// closer's CloseSession against the second before it, both
 		// under the victims' load: a close must not slow the others
@@ -678,7 +700,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 		}
 		// A failed CloseSession fails race-victims-errors (and
 		// race-closed-session has none to judge).
-		spec.Judge("cancellation", cond.Name, rec, figs,
+		spec.Judge("cancellation", cond.Name, rec, figs, append([]check.Spec{
 			check.Assume("race-sessions-seen", check.ReadingsConfig{
 				Reading: readingSessionsDuring, Minus: readingSessionsBaseline, Min: check.Bound(1), Required: true,
 				What: "CurrentSessionCount with the victims open over its baseline",
@@ -700,16 +722,6 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 				Recovered: history.Window{Start: backlogClose.Complete, End: backlogClose.Complete + time.Second},
 				Kinds:     []history.Kind{history.KindRead, history.KindSlowRead}, Bucket: 250 * time.Millisecond, MinRatio: minRatio,
 			}},
-			check.Spec{Name: "race-survivors-stall", Config: check.StallConfig{Kinds: survivors, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
-			check.Spec{Name: "race-survivors-errors", Config: check.ErrorBudgetConfig{Kinds: survivors, Drained: check.Codes{}}},
-			check.Spec{Name: "race-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead, history.KindSlowRead, kindVictim}}},
-			// a closed session's reads are answered (BadSessionClosed
-			// if still queued); dead connections only in the toxics
-			check.Spec{Name: "race-victims-errors", Config: check.ErrorBudgetConfig{
-				Kinds:   []history.Kind{kindVictim, check.KindCloseSession},
-				Allowed: check.Codes{ua.StatusBadSessionClosed, ua.StatusBadSessionIDInvalid},
-				Excuse:  []string{faultTimeout, faultReset}, Grace: 2 * time.Second,
-			}},
-		)
+		}, counted...)...)
 	}, spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)))
 })

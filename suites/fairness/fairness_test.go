@@ -143,10 +143,7 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 			Requests: []load.Request{sh.request},
 		})...)
 	}
-	var mon *env.Monitor
-	if e.Server != nil {
-		mon = e.MonitorServer(ctx, 250*time.Millisecond)
-	}
+	mon := spec.MonitorServer(ctx, e, rec)
 	var nodes []string
 	for _, o := range owners {
 		nodes = append(nodes, "Owner."+o.user+".Queued", "Owner."+o.user+".Emptied", "Owner."+o.user+".Dispatched")
@@ -165,10 +162,9 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 	if mon != nil {
 		u, err := mon.Stop()
 		Expect(err).NotTo(HaveOccurred(), "sample server usage")
-		spec.RecordUsage(rec, mon)
 		us = &u
 	}
-	figs := spec.LoadFigures("fairness", "", cond, st, us)
+	figs := spec.LoadFigures("", st, us)
 	if tl.nemesis {
 		figs["nemesis.steps"] = float64(steps)
 	}
@@ -203,7 +199,8 @@ func measureCap(cond toxics.Condition, sh shape) int64 {
 // cores with the server, the heavy owner's median queue stays above 10 and
 // yet it runs dry over and over, and its share falls to the light owner's.
 // A CPU-limited server serving CPU-bound requests must be saturated (≥ 80
-// % of its limit), or the shares say nothing about its scheduler.
+// % of its limit), or the shares say nothing about its scheduler. And the
+// load driver had CPU to spare (spec.Headroom).
 func assumptions(name string, cond toxics.Condition, sh shape, tl timeline, owners ...string) []check.Spec {
 	var out []check.Spec
 	for _, o := range owners {
@@ -221,6 +218,8 @@ func assumptions(name string, cond toxics.Condition, sh shape, tl timeline, owne
 	if c := measureCap(cond, sh); c > 0 && h.Setup.Target.Kind == target.Container {
 		limit = float64(c) / 1e9
 	}
+	// The driver had CPU to spare: a client-bound run measured it.
+	out = append(out, spec.Headroom(limit))
 	if sh.cpuBound && limit > 0 {
 		out = append(out, check.Assume(name+"-saturated", check.ReadingsConfig{
 			Reading: check.ReadingCPU, Stat: check.StatRate, Min: check.Bound(0.8 * limit),

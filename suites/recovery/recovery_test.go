@@ -103,6 +103,14 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 		}
 		sub, err := c1.Subscribe(ctx, "sub1", nodes, sampling, publishing, queue)
 		Expect(err).NotTo(HaveOccurred(), "subscribe")
+		// The checks whose configs are known now; Judge adds the
+		// transferred stream's window and the quiet span once measured.
+		// A spec that ends before Judge (its timeout, an interrupt) saves
+		// its history judged by these.
+		reactivation := check.Spec{Name: "reactivation", Config: check.ReactivationConfig{Faults: []string{faultPartition}, MaxDelay: maxReactivate}}
+		sequence := check.Spec{Name: "sequence", Config: check.SequenceConfig{Subscriptions: []string{sub.Label}}}
+		servesAgain := check.Spec{Name: "serves-again", Config: check.ServesAgainConfig{Faults: []string{faultKill}, Kinds: []history.Kind{history.KindRead}, MaxDelay: maxServe}}
+		spec.Plan(reactivation, sequence, servesAgain)
 		stop := run(ctx, sub, c1)
 		pause(ctx, warm)
 
@@ -179,14 +187,12 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 		quiet := spec.Quiet(check.Span{From: quietFrom, To: quietTo, Window: 2 * time.Second})
 		quiet.Stage = check.Assumption
 		spec.Judge(property, cond.Name, rec, map[string]float64{"partition_ms": float64(part / time.Millisecond)},
-			check.Spec{Name: "reactivation", Config: check.ReactivationConfig{Faults: []string{faultPartition}, MaxDelay: maxReactivate}},
-			check.Spec{Name: "sequence", Config: check.SequenceConfig{Subscriptions: []string{sub.Label}}},
+			reactivation, sequence,
 			check.Spec{Name: "transfer-stream", Config: check.SamplingConfig{
 				Span:     check.Span{From: judgedFrom, To: transferAt + streamed - 500*time.Millisecond},
 				Interval: sampling, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.95, MaxGap: maxGap,
 			}},
-			check.Spec{Name: "serves-again", Config: check.ServesAgainConfig{Faults: []string{faultKill}, Kinds: []history.Kind{history.KindRead}, MaxDelay: maxServe}},
-			quiet,
+			servesAgain, quiet,
 		)
 	}, spec.Entries(toxics.CI(), catches, SpecTimeout(3*time.Minute)))
 })

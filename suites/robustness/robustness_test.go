@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -205,6 +206,21 @@ func robustness(ctx SpecContext, cond toxics.Condition) {
 		return e.Proxy.Apply(ctx, env.VictimProxyName, []toxics.Toxic{t})
 	}}
 	catalogue, background := attack.Catalogue(), attack.Background()
+	// The counts judged whatever the timing, planned before the attacks
+	// run: a spec that ends before Judge (its timeout while an attack
+	// hangs the server, an interrupt) saves its history judged by them.
+	// Judge replaces them with the full set.
+	var planned check.AnswersConfig
+	var plannedNames []string
+	for _, a := range slices.Concat(background, catalogue) {
+		plannedNames = append(plannedNames, a.Name)
+		planned.Rules = append(planned.Rules, check.AnswerRule{Attack: a.Name, Allowed: a.Allowed, Deadline: a.Deadline})
+	}
+	spec.Plan(
+		check.Spec{Name: "survival", Config: check.SurvivalConfig{Attacks: plannedNames}},
+		check.Spec{Name: "answers", Config: planned},
+		check.Spec{Name: "victim-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{history.KindRead}, Drained: check.Codes{}}},
+	)
 	By(fmt.Sprintf("attacking: %d attacks one after another, %d idle-connection attacks beside them", len(catalogue), len(background)))
 	var errs []error
 	var waits []func() error
