@@ -17,8 +17,8 @@ SOAK          ?=
 SUITE_TIMEOUT ?= $(shell awk -v s='$(SOAK)' 'BEGIN { t = 0; while (match(s, /^[0-9.]+(h|ms|m|s)/)) { u = substr(s, RSTART, RLENGTH); n = u + 0; sub(/^[0-9.]+/, "", u); t += n * (u == "h" ? 3600 : u == "m" ? 60 : u == "s" ? 1 : 0.001); s = substr(s, RLENGTH + 1) } printf "%ds", 1800 + 2 * t }')
 # `make faults`: the fault switches to judge (default: every one).
 FAULTS        ?=
-# STRICT=1 fails the run when a selected spec was skipped (a capability the
-# target lacks, a client-bound load); the suites and `chaos table` read it.
+# STRICT=1 fails the run when a selected spec was skipped (e.g. a capability
+# the target lacks); the suites and `chaos table` read it.
 STRICT        ?=
 BIN           := .bin
 CHAOS         := $(BIN)/chaos

@@ -124,6 +124,10 @@ const (
 	// TransferSubscriptions: the subscription arrives in the new session
 	// empty, and sends keep-alives only.
 	FaultTransferDrops Fault = "transfer-drops"
+	// FaultLateResume resumes a channel's paused reader only when no
+	// response is pending instead of at LowMark: the pipeline drains
+	// empty before the server reads again, in bursts.
+	FaultLateResume Fault = "late-resume"
 )
 
 // Parameters of the fault switches.
@@ -147,6 +151,7 @@ var AllFaults = []Fault{
 	FaultSamplerSkips, FaultCloseRunsQueued, FaultLostResponse, FaultRetainMemory,
 	FaultSlowLeak,
 	FaultRepublishForgets, FaultNoReactivate, FaultTransferDrops,
+	FaultLateResume,
 }
 
 // Faults is a set of enabled fault switches.

@@ -97,6 +97,8 @@
 //	ns=1;s=Owner.<owner>.Emptied      times the owner's queue ran dry
 //	ns=1;s=Channel.BackpressurePauses     times a channel stopped reading
 //	ns=1;s=Channel.MaxPendingResponses    most responses pending on a channel
+//	ns=1;s=Channel.LowestResume           fewest responses pending when a
+//	                                      paused reader resumed (-1: none)
 //	ns=1;s=Channel.PendingResponses       responses pending now
 //	ns=1;s=Channel.ParkedRequests         Publish requests queued now
 //	ns=1;s=Slow.<ms>                  sleeps <ms> (0..600000), honouring

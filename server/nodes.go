@@ -54,6 +54,7 @@ const (
 
 	NodeBackpressurePauses = "Channel.BackpressurePauses"  // times a channel stopped reading
 	NodeMaxPending         = "Channel.MaxPendingResponses" // most responses pending on one channel
+	NodeLowestResume       = "Channel.LowestResume"        // fewest responses pending when a paused reader resumed (-1: none)
 	NodePending            = "Channel.PendingResponses"    // responses pending now, all channels
 	NodeParked             = "Channel.ParkedRequests"      // requests parked now (queued Publish), all channels
 )
@@ -310,6 +311,8 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 			return pauses, true, nil
 		case NodeMaxPending:
 			return int64(maxPending), true, nil
+		case NodeLowestResume:
+			return int64(s.chans.lowestResume()), true, nil
 		case NodePending:
 			return int64(pending), true, nil
 		case NodeParked:

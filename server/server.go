@@ -178,7 +178,7 @@ func New(cfg Config) (*Server, error) {
 		}),
 		start:   time.Now(),
 		queue:   newQueue(cfg),
-		chans:   chanStats{live: map[*channel.Channel]struct{}{}},
+		chans:   chanStats{live: map[*channel.Channel]struct{}{}, lowest: -1},
 		conns:   map[*conn]struct{}{},
 		decoder: uabin.NewDecoder(uabin.Limits{MaxDepth: cfg.MaxDecodeDepth}),
 		logins:  newLoginThrottle(cfg.LoginFreeFailures, cfg.LoginDelay, cfg.LoginDelayMax),
@@ -461,6 +461,7 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 		LowMark:         s.cfg.LowMark,
 		NoBackpressure:  s.cfg.Faults.Has(FaultNoBackpressure),
 		FaultOnOverflow: s.cfg.Faults.Has(FaultFaultOnOverflow),
+		LateResume:      s.cfg.Faults.Has(FaultLateResume),
 		Logger:          s.log.With("channel", id),
 		OnPanic:         func() { s.stats.panics.Add(1) },
 	})
@@ -496,6 +497,9 @@ type chanStats struct {
 	live       map[*channel.Channel]struct{}
 	pauses     int64 // of closed channels
 	maxPending int   // of closed channels
+	// lowestResume is the lowest pending count at which a closed
+	// channel's paused reader resumed; -1 if none did.
+	lowest int
 }
 
 func (c *chanStats) add(ch *channel.Channel) {
@@ -510,7 +514,31 @@ func (c *chanStats) remove(ch *channel.Channel) {
 	delete(c.live, ch)
 	c.pauses += st.Pauses
 	c.maxPending = max(c.maxPending, st.MaxPending)
+	c.lowest = lowest(c.lowest, st.LowestResume)
 	c.mu.Unlock()
+}
+
+// lowest is the lower of two resume counts, where -1 means none.
+func lowest(a, b int) int {
+	switch {
+	case a < 0:
+		return b
+	case b < 0:
+		return a
+	}
+	return min(a, b)
+}
+
+// lowestResume returns the lowest pending count at which any channel's
+// paused reader resumed, -1 if none did.
+func (c *chanStats) lowestResume() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	low := c.lowest
+	for ch := range c.live {
+		low = lowest(low, ch.Stats().LowestResume)
+	}
+	return low
 }
 
 // totals returns backpressure pauses, the highest pending count seen on any

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"time"
 
 	"github.com/gopcua/opcua/ua"
@@ -107,7 +108,7 @@ func maxStall(cond toxics.Condition) time.Duration {
 // reported where the target serves them.
 var diagnosticNodes = []string{
 	"Channel.BackpressurePauses", "Channel.MaxPendingResponses", "Channel.PendingResponses",
-	"Queue.Depth", "Counter.TooBusy",
+	"Channel.LowestResume", "Queue.Depth", "Counter.TooBusy",
 }
 
 // settle lets the monitor watch the server for drainSettle after the load
@@ -164,7 +165,7 @@ func diagnostics(ctx context.Context, e *env.Env, rec *history.Recorder, prefix 
 		return
 	}
 	spec.Diagnostics(ctx, e, prefix, diagnosticNodes, figs)
-	spec.RecordReadings(rec, figs, prefix, "Channel.MaxPendingResponses", "Channel.BackpressurePauses")
+	spec.RecordReadings(rec, figs, prefix, "Channel.MaxPendingResponses", "Channel.BackpressurePauses", "Channel.LowestResume")
 }
 
 // serverRuns records a reading of the server container's state (its exit,
@@ -183,20 +184,23 @@ func survival(name string) check.Spec {
 	return check.Spec{Name: name, Config: check.SurvivalConfig{}}
 }
 
-// memoryCheck is the backpressure check: pending responses within the
-// marks where the target reports them, memory growth during the load
-// within growth MiB and memory retained drainSettle after it within
-// retained MiB, each failure named (no backpressure, a leak). backlogged
-// names the fault window in which a throttled reader keeps the server
-// backlogged (the low mark is judged there), empty for none.
-func memoryCheck(name string, growth, retained float64, backlogged string) check.Spec {
+// backpressureCheck is the backpressure check: pending responses within
+// the marks where the target reports them (at most the high mark, paused
+// readers resumed by the low mark), memory growth during the load within
+// growth MiB and memory retained drainSettle after it within retained
+// MiB, each failure named (no backpressure, resumes late, a leak).
+// backlogged names the fault window in which a throttled reader keeps the
+// server backlogged (its pending count there is reported against the low
+// mark), empty for none.
+func backpressureCheck(name string, growth, retained float64, backlogged string) check.Spec {
 	cfg := check.BackpressureConfig{
 		Kinds:        judged,
 		MaxGrowthMiB: growth, MaxRetainedMiB: retained,
 		MaxPending: check.ReadingMaxPending, HighMark: highMark,
+		Resumed: check.ReadingLowestResume, LowMark: lowMark, LowSlack: lowSlack,
 	}
 	if backlogged != "" {
-		cfg.Pending, cfg.LowMark, cfg.LowSlack, cfg.Backlogged = check.ReadingPending, lowMark, lowSlack, backlogged
+		cfg.Pending, cfg.Backlogged = check.ReadingPending, backlogged
 	}
 	return check.Spec{Name: name, Config: cfg}
 }
@@ -223,7 +227,7 @@ func slowChecks(throttle string) []check.Spec {
 		{Name: "slow-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
 		// the throttle keeps the server backlogged: its pending
 		// responses stay between the marks
-		memoryCheck("slow-memory", slowGrowthMiB, slowRetainedMiB, throttle),
+		backpressureCheck("slow-backpressure", slowGrowthMiB, slowRetainedMiB, throttle),
 		survival("slow-survival"),
 	}
 }
@@ -233,6 +237,11 @@ func slowChecks(throttle string) []check.Spec {
 // channel when it falls behind, one that loses responses and one that
 // retains memory per request.
 var catches = []server.Fault{server.FaultNoBackpressure, server.FaultFaultOnOverflow, server.FaultLostResponse, server.FaultRetainMemory}
+
+// deepCatches are catches and the fault only the deep pipelines are aimed
+// at: a server that resumes reading late (10 × 1000 outstanding Reads
+// pause and resume its readers over and over).
+var deepCatches = append(slices.Clone(catches), server.FaultLateResume)
 
 // start requires what cond needs of the target (both specs read
 // ServerStatus only: the condition is all they need), so that a spec the
@@ -264,7 +273,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 			{Name: "nemesis-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
 			{Name: "nemesis-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: 5 * time.Second}},
 			{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
-			memoryCheck("nemesis-memory", deepGrowthMiB, deepRetainedMiB, ""),
+			backpressureCheck("nemesis-backpressure", deepGrowthMiB, deepRetainedMiB, ""),
 			survival("nemesis-survival"),
 			sessionsOpened("nemesis-sessions", deepSessions),
 			// over the soak: the server's memory does not keep growing
@@ -299,7 +308,8 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 	}, spec.SoakTimeout(2*time.Minute))
 
 	// catches fault lost-response (deep-exactly-once: lost responses)
-	// catches fault retain-memory (deep-memory: a leak)
+	// catches fault retain-memory (deep-backpressure: a leak)
+	// catches fault late-resume (deep-backpressure: resumes late)
 	DescribeTable("serves 10 sessions × 1000 outstanding Reads without errors, channel faults or stalls, in bounded memory", func(ctx SpecContext, cond toxics.Condition) {
 		checks := []check.Spec{
 			// Drained rejections count as errors: a server that
@@ -307,7 +317,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 			{Name: "deep-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
 			{Name: "deep-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
 			{Name: "deep-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
-			memoryCheck("deep-memory", deepGrowthMiB, deepRetainedMiB, ""),
+			backpressureCheck("deep-backpressure", deepGrowthMiB, deepRetainedMiB, ""),
 			survival("deep-survival"),
 			sessionsOpened("deep-sessions", deepSessions),
 			spec.Headroom(float64(cond.NanoCPUs) / 1e9),
@@ -333,9 +343,9 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		diagnostics(ctx, e, rec, "deep.diag.", figs)
 		rec.Reading(readingSessionsOpened, float64(st.Sessions))
 		spec.Judge("backpressure", cond.Name, rec, figs, checks...)
-	}, spec.Entries(toxics.CI(), catches, SpecTimeout(3*time.Minute)))
+	}, spec.Entries(toxics.CI(), deepCatches, SpecTimeout(3*time.Minute)))
 
-	// catches fault retain-memory (slow-memory: a leak)
+	// catches fault retain-memory (slow-backpressure: a leak)
 	DescribeTable("stops reading from a throttled reader and answers its pipeline exactly once when it catches up", func(ctx SpecContext, cond toxics.Condition) {
 		spec.Plan(slowChecks("slow-reader")...)
 		e, rec, mon := start(ctx, cond)

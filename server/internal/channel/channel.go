@@ -75,6 +75,10 @@ type Options struct {
 	// behaviour): never stop reading, and close the channel with
 	// BadTcpNotEnoughResources when more than HighMark responses are pending.
 	FaultOnOverflow bool
+	// LateResume is the late-resume fault: a paused reader resumes only
+	// when no response is pending, not at LowMark (the pipeline drains
+	// empty before the server reads again).
+	LateResume bool
 	// Logger receives channel events; nil means slog.Default().
 	Logger *slog.Logger
 	// OnPanic, if set, is called after a panic of a handler or of the
@@ -91,6 +95,11 @@ type Stats struct {
 	Parked     int   // requests parked (see Park) and not yet answered
 	MaxPending int   // highest Pending seen
 	Pauses     int64 // times reading stopped for backpressure
+	Resumes    int64 // times a paused reader was resumed
+	// LowestResume is the lowest pending count at which a paused reader
+	// was resumed (-1 before the first resume); a server that resumes by
+	// its low mark keeps it at LowMark or just below.
+	LowestResume int
 }
 
 // ErrOverflow is returned by Run when the fault-on-overflow switch closed the
@@ -138,11 +147,12 @@ func New(t Transport, opts Options) *Channel {
 		opts.Logger = slog.Default()
 	}
 	return &Channel{
-		t:    t,
-		opts: opts,
-		log:  opts.Logger,
-		kick: make(chan struct{}, 1),
-		done: make(chan struct{}),
+		stats: Stats{LowestResume: -1},
+		t:     t,
+		opts:  opts,
+		log:   opts.Logger,
+		kick:  make(chan struct{}, 1),
+		done:  make(chan struct{}),
 	}
 }
 
@@ -388,10 +398,31 @@ func (c *Channel) Forget() {
 }
 
 // release retires n pending responses and resumes a paused reader at the low
-// mark. c.mu must be held.
+// mark (at 0 under the late-resume fault), counting the resume. c.mu must be
+// held.
 func (c *Channel) release(n int) {
 	c.stats.Pending -= n
-	if c.resume != nil && c.stats.Pending <= c.opts.LowMark {
+	low := c.opts.LowMark
+	if c.opts.LateResume {
+		low = 0
+	}
+	if c.resume != nil && c.stats.Pending <= low {
+		close(c.resume)
+		c.resume = nil
+		c.stats.Resumes++
+		if c.stats.LowestResume < 0 || c.stats.Pending < c.stats.LowestResume {
+			c.stats.LowestResume = c.stats.Pending
+		}
+	}
+}
+
+// retire retires n pending responses of a channel that is going away (a
+// failed write, responses dropped at close): it wakes a paused reader,
+// which then sees the channel closed, without counting a resume. c.mu
+// must be held.
+func (c *Channel) retire(n int) {
+	c.stats.Pending -= n
+	if c.resume != nil {
 		close(c.resume)
 		c.resume = nil
 	}
@@ -425,7 +456,7 @@ func (c *Channel) writeLoop(ctx context.Context) {
 				c.log.Debug("channel write failed", "err", err)
 				c.mu.Lock()
 				c.stats.Dropped += int64(len(batch) - i)
-				c.release(len(batch) - i)
+				c.retire(len(batch) - i)
 				c.mu.Unlock()
 				c.close()
 				c.dropQueued()
@@ -455,7 +486,7 @@ func (c *Channel) dropQueued() {
 	n := len(c.queue)
 	c.queue = nil
 	c.stats.Dropped += int64(n)
-	c.release(n)
+	c.retire(n)
 	c.mu.Unlock()
 }
 

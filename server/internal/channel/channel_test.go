@@ -25,6 +25,8 @@ func withFaults(opts Options) Options {
 			opts.NoBackpressure = true
 		case "fault-on-overflow":
 			opts.FaultOnOverflow = true
+		case "late-resume":
+			opts.LateResume = true
 		}
 	}
 	opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -153,6 +155,9 @@ func TestBackpressureStopsAndResumesReading(t *testing.T) {
 	if st.MaxPending > 100 || st.Pauses < 2 || st.Pending != 0 || st.Dropped != 0 {
 		t.Errorf("stats %+v: want max pending ≤ 100, ≥ 2 pauses, nothing pending or dropped", st)
 	}
+	if st.Resumes < 2 || st.LowestResume != 50 {
+		t.Errorf("stats %+v: want ≥ 2 resumes, each at the low mark (lowest 50)", st)
+	}
 	select {
 	case err := <-runErr:
 		t.Fatalf("channel closed while busy: %v (abort code %v)", err, f.aborted)
@@ -166,6 +171,37 @@ func TestBackpressureStopsAndResumesReading(t *testing.T) {
 
 // TestRespondNeverBlocks: a handler answering from many goroutines is never
 // blocked by a stalled writer.
+// TestLateResumeDrainsThePipeline: the late-resume fault resumes a paused
+// reader only when nothing is pending, and the stats say so.
+func TestLateResumeDrainsThePipeline(t *testing.T) {
+	f := newFake(300)
+	opts := withFaults(Options{HighMark: 100, LowMark: 50})
+	opts.LateResume = true
+	ch := New(f, opts)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	go func() { _ = ch.Run(ctx, answerAtOnce) }()
+	if n := settle(f); n != 100 {
+		t.Fatalf("read %d requests, want to stop at 100", n)
+	}
+	if st := ch.Stats(); st.LowestResume != -1 || st.Resumes != 0 {
+		t.Fatalf("stats %+v before any resume, want lowest -1 and no resumes", st)
+	}
+	for range 99 {
+		f.release <- struct{}{}
+	}
+	if n := settle(f); n != 100 {
+		t.Fatalf("read %d requests at 1 pending, want no resume before the pipeline is empty", n)
+	}
+	f.release <- struct{}{}
+	if n := settle(f); n != 200 {
+		t.Fatalf("read %d requests once empty, want 200", n)
+	}
+	if st := ch.Stats(); st.Resumes != 1 || st.LowestResume != 0 {
+		t.Errorf("stats %+v: want one resume at 0 pending", st)
+	}
+}
+
 func TestRespondNeverBlocks(t *testing.T) {
 	f := newFake(50)
 	ch := New(f, withFaults(Options{HighMark: 100, LowMark: 50}))
