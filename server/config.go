@@ -31,6 +31,10 @@ const (
 	// DefaultHandshakeTimeout bounds the time from connect to the end of
 	// the first OpenSecureChannel.
 	DefaultHandshakeTimeout = 10 * time.Second
+	// DefaultMinChannelLifetime is the shortest secure channel token
+	// lifetime granted (real servers keep a minimum too, e.g. Eclipse
+	// Milo's 60 s by default).
+	DefaultMinChannelLifetime = 10 * time.Second
 	// DefaultUnactivatedTimeout closes a session not activated within it.
 	DefaultUnactivatedTimeout = 30 * time.Second
 	// DefaultMaxMessageSize bounds one request (all its chunks), and
@@ -282,6 +286,10 @@ type Config struct {
 	// HandshakeTimeout bounds the time from connect to the end of the first
 	// OpenSecureChannel (DefaultHandshakeTimeout).
 	HandshakeTimeout time.Duration
+	// MinChannelLifetime is the shortest security token lifetime granted
+	// in OpenSecureChannel; a shorter request is revised up to it
+	// (DefaultMinChannelLifetime).
+	MinChannelLifetime time.Duration
 	// MaxUnactivatedSessions bounds sessions created but not yet activated
 	// (default MaxSessions/2): beyond it CreateSession gives
 	// BadTooManySessions.
@@ -333,6 +341,7 @@ type Config struct {
 //	OPCUA_FAULTS                      fault switches, comma separated
 //	OPCUA_MAX_CONNECTIONS             open connections (1000)
 //	OPCUA_HANDSHAKE_TIMEOUT           connect to first OpenSecureChannel (10s)
+//	OPCUA_MIN_CHANNEL_LIFETIME        shortest channel token lifetime granted (10s)
 //	OPCUA_MAX_SESSIONS                sessions (1000)
 //	OPCUA_MAX_UNACTIVATED_SESSIONS    sessions not yet activated (sessions/2)
 //	OPCUA_UNACTIVATED_TIMEOUT         activation deadline of a session (30s)
@@ -433,6 +442,7 @@ func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 		dst *time.Duration
 	}{
 		{"OPCUA_HANDSHAKE_TIMEOUT", &cfg.HandshakeTimeout},
+		{"OPCUA_MIN_CHANNEL_LIFETIME", &cfg.MinChannelLifetime},
 		{"OPCUA_UNACTIVATED_TIMEOUT", &cfg.UnactivatedTimeout},
 		{"OPCUA_LOGIN_DELAY", &cfg.LoginDelay},
 		{"OPCUA_LOGIN_DELAY_MAX", &cfg.LoginDelayMax},

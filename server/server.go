@@ -152,6 +152,7 @@ func New(cfg Config) (*Server, error) {
 	fill(&cfg.MaxDecodeDepth, uabin.DefaultMaxDepth)
 	fill(&cfg.LoginFreeFailures, DefaultLoginFreeFailures)
 	fillDur(&cfg.HandshakeTimeout, DefaultHandshakeTimeout)
+	fillDur(&cfg.MinChannelLifetime, DefaultMinChannelLifetime)
 	fillDur(&cfg.UnactivatedTimeout, DefaultUnactivatedTimeout)
 	fillDur(&cfg.LoginDelay, DefaultLoginDelay)
 	fillDur(&cfg.LoginDelayMax, max(DefaultLoginDelayMax, cfg.LoginDelay))
@@ -231,6 +232,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		"anonymous", !s.cfg.NoAnonymous,
 		"max_connections", s.cfg.MaxConnections,
 		"handshake_timeout", s.cfg.HandshakeTimeout,
+		"min_channel_lifetime", s.cfg.MinChannelLifetime,
 		"max_message_size", s.cfg.MaxMessageSize,
 		"login_delay", s.cfg.LoginDelay,
 		"login_delay_max", s.cfg.LoginDelayMax,
@@ -428,6 +430,7 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 			TokenID:         s.nextTokenID.Add(1),
 		},
 		HandshakeTimeout: handshake,
+		MinLifetime:      s.cfg.MinChannelLifetime,
 		Limits: channel.Limits{
 			MaxMessageSize:    uint32(s.cfg.MaxMessageSize),
 			MaxChunkCount:     uint32(s.cfg.MaxChunkCount),

@@ -15,17 +15,23 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/reconnect"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/server"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
 const (
 	property = "recovery"
-	// The client's secure channel lives channelLifetime (the reference
-	// server's minimum), its session sessionTimeout: the partition
-	// (nemesis.PartitionFor) outlives the one, not the other.
-	channelLifetime = 10 * time.Second
-	sessionTimeout  = 30 * time.Second
+	// The client asks for a secure channel of channelLifetime and a
+	// session of sessionTimeout; the partition (nemesis.PartitionFor)
+	// outlives the channel the server granted, not the session. The
+	// reference server is configured to grant so short a channel
+	// (referenceMinLifetime; its default minimum is 10 s, as real
+	// servers keep one); a server that grants more gets a longer
+	// partition, and a session timeout long enough to outlive it.
+	channelLifetime      = 2 * time.Second
+	sessionTimeout       = 30 * time.Second
+	referenceMinLifetime = "2s"
 	// items counters sampled every sampling, published every publishing,
 	// with outstanding Publish requests: those parked at the server when
 	// the partition starts are answered into it, and their messages lost.
@@ -62,6 +68,13 @@ const (
 // cannot move channel, a transfer that loses the items.
 var catches = []server.Fault{server.FaultRepublishForgets, server.FaultNoReactivate, server.FaultTransferDrops}
 
+// isReference reports whether the target is the reference server, which
+// takes its settings from the environment.
+func isReference() bool {
+	t := h.Setup.Target
+	return t.Kind == target.Container && t.Name == target.Reference.Name
+}
+
 // pause waits d or until ctx ends.
 func pause(ctx context.Context, d time.Duration) {
 	select {
@@ -85,15 +98,33 @@ func run(ctx context.Context, sub *reconnect.Subscription, c *reconnect.Client) 
 var _ = Describe("Recovery after broken connections and restarts", spec.Property(property), func() {
 	DescribeTable("takes its session to a new channel after a partition, republishes what it lost, transfers its subscription without a gap and serves again after kill -9", func(ctx SpecContext, cond toxics.Condition) {
 		h.Require(spec.Needs(cond)...)
-		part, err := nemesis.PartitionFor(nemesis.Lifetimes{Channel: channelLifetime, Session: sessionTimeout})
-		Expect(err).NotTo(HaveOccurred())
-		e, err := h.Start(ctx)
+		var opts []env.Option
+		if isReference() {
+			opts = append(opts, env.WithServerEnv(map[string]string{"OPCUA_MIN_CHANNEL_LIFETIME": referenceMinLifetime}))
+		}
+		e, err := h.Start(ctx, opts...)
 		Expect(err).NotTo(HaveOccurred(), "start environment")
-		rec := h.NewRecorder(map[string]string{"condition": cond.Name, "partition": part.String()})
+
+		// What the server grants, asked directly (not through the
+		// condition's toxics, which are not applied yet).
+		cfg := reconnect.Config{Endpoint: e.DirectEndpoint, Client: "c1", SessionTimeout: sessionTimeout, ChannelLifetime: channelLifetime}
+		granted, session, err := reconnect.Granted(ctx, cfg)
+		Expect(err).NotTo(HaveOccurred(), "ask the server for a channel and a session")
+		if want := 3 * granted; session < want {
+			// A channel minimum near the session timeout: a longer
+			// session, so that a partition fits between the two.
+			cfg.SessionTimeout = want
+			_, session, err = reconnect.Granted(ctx, cfg)
+			Expect(err).NotTo(HaveOccurred(), "ask the server for a session of %v", want)
+		}
+		cfg.Endpoint = e.Endpoint
+		part, err := nemesis.PartitionFor(nemesis.Lifetimes{Channel: granted, Session: session})
+		Expect(err).NotTo(HaveOccurred(), "a partition between the granted channel lifetime and session timeout")
+		rec := h.NewRecorder(map[string]string{"condition": cond.Name, "partition": part.String(),
+			"channel_lifetime": granted.String(), "session_timeout": session.String()})
 		_, err = spec.Apply(ctx, e, rec, cond)
 		Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
 
-		cfg := reconnect.Config{Endpoint: e.Endpoint, Client: "c1", SessionTimeout: sessionTimeout, ChannelLifetime: channelLifetime}
 		c1, err := reconnect.Open(ctx, rec, cfg, "s1")
 		DeferCleanup(func(ctx context.Context) { _ = c1.Close(ctx) }, NodeTimeout(10*time.Second))
 		Expect(err).NotTo(HaveOccurred(), "open session")
@@ -114,7 +145,7 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 		stop := run(ctx, sub, c1)
 		pause(ctx, warm)
 
-		By(fmt.Sprintf("partitioning the network for %v (channel lifetime %v, session timeout %v)", part, channelLifetime, sessionTimeout))
+		By(fmt.Sprintf("partitioning the network for %v (channel lifetime %v, session timeout %v)", part, granted, session))
 		undo, err := spec.Inject(ctx, e, rec, nemesis.Partition(faultPartition, env.ProxyName))
 		Expect(err).NotTo(HaveOccurred(), "partition")
 		pause(ctx, part)

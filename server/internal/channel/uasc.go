@@ -89,6 +89,9 @@ type Config struct {
 	// the end of the first OpenSecureChannel. Zero means no bound (the
 	// unbounded-idle fault).
 	HandshakeTimeout time.Duration
+	// MinLifetime is the shortest security token lifetime granted: a
+	// shorter request is revised up to it. Zero means 10 s.
+	MinLifetime time.Duration
 	// Limits bound the channel.
 	Limits Limits
 	// Decoder checks and decodes requests (see package uabin); nil means a
@@ -426,7 +429,11 @@ func (t *SecureTransport) openSecureChannel(chunk byte, body []byte) error {
 	if lifetime == 0 || lifetime > uint32(time.Hour/time.Millisecond) {
 		lifetime = uint32(time.Hour / time.Millisecond)
 	}
-	lifetime = max(lifetime, 10_000)
+	minLifetime := uint32(10_000)
+	if t.cfg.MinLifetime > 0 {
+		minLifetime = uint32(t.cfg.MinLifetime / time.Millisecond)
+	}
+	lifetime = max(lifetime, minLifetime)
 	now := time.Now()
 	resp := &ua.OpenSecureChannelResponse{
 		ResponseHeader: &ua.ResponseHeader{
