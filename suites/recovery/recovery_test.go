@@ -3,6 +3,7 @@ package recovery_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/gopcua/opcua/ua"
@@ -67,6 +68,43 @@ const (
 // under baseline: a retransmission queue that forgets, a session that
 // cannot move channel, a transfer that loses the items.
 var catches = []server.Fault{server.FaultRepublishForgets, server.FaultNoReactivate, server.FaultTransferDrops}
+
+// readEvery is the soak client's pace: one Read at a time, this often.
+const readEvery = 100 * time.Millisecond
+
+// keepReading reads with c every readEvery for d, and recovers its
+// session after every failed Read the way a client does: first on a new
+// secure channel (ActivateSession of the same session, retried until the
+// server answers, for less than the session timeout), then, where the
+// server refuses it (the session died with a restarted process), with a
+// new session. Every step is an op in c's history. It returns how many
+// times it recovered.
+func keepReading(ctx context.Context, c *reconnect.Client, d time.Duration) (recoveries int) {
+	end := time.Now().Add(d)
+	for n := 1; time.Now().Before(end) && ctx.Err() == nil; {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := c.Read(rctx)
+		cancel()
+		if err == nil {
+			pause(ctx, readEvery)
+			continue
+		}
+		recoveries++
+		actx, cancel := context.WithTimeout(ctx, sessionTimeout/2)
+		err = c.Reactivate(actx)
+		cancel()
+		if err == nil {
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, maxServe)
+		if err := c.NewSession(sctx, fmt.Sprintf("r%d", n)); err != nil {
+			pause(ctx, 200*time.Millisecond)
+		}
+		cancel()
+		n++
+	}
+	return recoveries
+}
 
 // isReference reports whether the target is the reference server, which
 // takes its settings from the environment.
@@ -226,4 +264,55 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 			servesAgain, quiet,
 		)
 	}, spec.Entries(toxics.CI(), catches, SpecTimeout(3*time.Minute)))
+
+	// catches fault no-reactivate (process-reactivation: a new session
+	// after a partition)
+	It("keeps serving a reconnecting client through a seeded schedule of pauses, kills, SIGTERMs, partitions and toxics", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
+		soak := spec.SoakFor()
+		var opts []env.Option
+		if isReference() {
+			opts = append(opts, env.WithServerEnv(map[string]string{"OPCUA_MIN_CHANNEL_LIFETIME": referenceMinLifetime}))
+		}
+		e, err := h.Start(ctx, opts...)
+		Expect(err).NotTo(HaveOccurred(), "start environment")
+		cfg := reconnect.Config{Endpoint: e.DirectEndpoint, Client: "reader", SessionTimeout: sessionTimeout, ChannelLifetime: channelLifetime}
+		granted, session, err := reconnect.Granted(ctx, cfg)
+		Expect(err).NotTo(HaveOccurred(), "ask the server for a channel and a session")
+		steps, err := nemesis.ProcessSchedule(GinkgoRandomSeed(), soak-5*time.Second, nemesis.Lifetimes{Channel: granted, Session: session})
+		Expect(err).NotTo(HaveOccurred(), "draw the schedule")
+		var names, partitions []string
+		for _, st := range steps {
+			GinkgoWriter.Printf("nemesis: %s (%s) at %v for %v\n", st.Fault.Name(), st.Fault.Detail(), st.At, st.For)
+			names = append(names, st.Fault.Name())
+			if strings.HasPrefix(st.Fault.Name(), "partition-") {
+				partitions = append(partitions, st.Fault.Name())
+			}
+		}
+		// After every fault the client is served again within maxServe
+		// (a restarted server included); after every partition it took
+		// its session to a new channel instead of creating one. A
+		// schedule without partition (a short soak) judges the first only.
+		checks := []check.Spec{{Name: "process-serves-again", Config: check.ServesAgainConfig{Faults: names, Kinds: []history.Kind{history.KindRead}, MaxDelay: maxServe}}}
+		if len(partitions) > 0 {
+			checks = append(checks, check.Spec{Name: "process-reactivation", Config: check.ReactivationConfig{Faults: partitions, MaxDelay: maxReactivate}})
+		}
+		spec.Plan(checks...)
+		rec := h.NewRecorder(map[string]string{"condition": toxics.Scheduled.Name,
+			"nemesis":          fmt.Sprintf("%d steps from seed %d", len(steps), GinkgoRandomSeed()),
+			"channel_lifetime": granted.String(), "session_timeout": session.String()})
+		cfg.Endpoint = e.Endpoint
+		c, err := reconnect.Open(ctx, rec, cfg, "r0")
+		DeferCleanup(func(ctx context.Context) { _ = c.Close(ctx) }, NodeTimeout(10*time.Second))
+		Expect(err).NotTo(HaveOccurred(), "open session")
+
+		By(fmt.Sprintf("reading every %v through %d faults for %v", readEvery, len(steps), soak))
+		wait := nemesis.RunSteps(ctx, e, rec, steps)
+		DeferCleanup(func(ctx context.Context) error { return wait() }, NodeTimeout(nemesis.UndoTimeout+time.Second))
+		recoveries := keepReading(ctx, c, soak+settle)
+		Expect(wait()).To(Succeed(), "nemesis schedule")
+		spec.Judge(property, toxics.Scheduled.Name, rec, map[string]float64{
+			"nemesis.steps": float64(len(steps)), "recoveries": float64(recoveries),
+			"channel_lifetime_ms": float64(granted / time.Millisecond), "session_timeout_ms": float64(session / time.Millisecond),
+		}, checks...)
+	}, spec.SoakTimeout(2*time.Minute))
 })
