@@ -278,7 +278,9 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 			sessionsOpened("nemesis-sessions", deepSessions),
 			// over the soak: the server's memory does not keep growing
 			// and its throughput does not drift down
-			{Name: "nemesis-trend", Config: check.TrendConfig{Kinds: judged}},
+			// and its sessions and connections do not keep growing
+			{Name: "nemesis-trend", Config: check.TrendConfig{Kinds: judged,
+				Counts: []history.Kind{history.KindSessionCount, history.KindConnectionCount}}},
 			spec.Headroom(0), // the schedule changes the server's limit
 		}
 		spec.Plan(checks...)
@@ -288,6 +290,9 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		serverRuns(ctx, e, rec)
 		mon := spec.MonitorServer(ctx, e, rec)
 		rss := load.SampleRSS(ctx, rec, 5*time.Second)
+		w := watch.New(e, rec, watch.Options{Sessions: h.Setup.Probe.StandardDiagnostics.Found, Connections: e.Target.Diagnostics})
+		DeferCleanup(w.Close, NodeTimeout(10*time.Second))
+		counts := w.SampleCounts(ctx, 5*time.Second)
 		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
 		p := load.Pipelined(e.Endpoint, deepSessions, deepOutstanding)
 		p.Name, p.Duration, p.RequestTimeout = "nemesis", runFor, requestTimeout
@@ -296,6 +301,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		Expect(wait()).To(Succeed(), "nemesis schedule")
 		settle(ctx, mon)
 		rss()
+		counts()
 		us := stopMonitor(mon)
 		figs := spec.LoadFigures("nemesis.", st, us)
 		figs["nemesis.steps"] = float64(steps)
