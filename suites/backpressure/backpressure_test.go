@@ -310,7 +310,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		GinkgoWriter.Printf("history: %d ops spilled in %d segments, %.1f MiB on disk (%.1f B/op)\n", sp.Ops, sp.Segments, float64(sp.Bytes)/(1<<20), float64(sp.Bytes)/float64(max(sp.Ops, 1)))
 		diagnostics(ctx, e, rec, "nemesis.diag.", figs)
 		rec.Reading(readingSessionsOpened, float64(st.Sessions))
-		spec.Judge("backpressure", toxics.Scheduled.Name, rec, figs, checks...)
+		spec.Judge(ctx, "backpressure", toxics.Scheduled.Name, rec, figs, checks...)
 	}, spec.SoakTimeout(2*time.Minute))
 
 	// catches fault lost-response (deep-exactly-once: lost responses)
@@ -348,7 +348,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		figs := spec.LoadFigures("deep.", st, us)
 		diagnostics(ctx, e, rec, "deep.diag.", figs)
 		rec.Reading(readingSessionsOpened, float64(st.Sessions))
-		spec.Judge("backpressure", cond.Name, rec, figs, checks...)
+		spec.Judge(ctx, "backpressure", cond.Name, rec, figs, checks...)
 	}, spec.Entries(toxics.CI(), deepCatches, SpecTimeout(3*time.Minute)))
 
 	// catches fault retain-memory (slow-backpressure: a leak)
@@ -419,7 +419,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		diagnostics(ctx, e, rec, "slow.diag.", figs)
 
 		rec.Reading(readingRequestsSent, float64(res.st.Requests))
-		spec.Judge("backpressure", cond.Name, rec, figs,
+		spec.Judge(ctx, "backpressure", cond.Name, rec, figs,
 			append(slowChecks(throttle.Name),
 				// once the reader catches up, the channel flows again
 				check.Spec{Name: "slow-drain-stall", Config: check.StallConfig{Span: check.Span{From: drainFrom}, Kinds: judged, MaxStall: maxStall(cond)}})...)

@@ -463,7 +463,7 @@ func cancelStorm(ctx context.Context, cond toxics.Condition, stream uint64, stor
 		// schedule starves the server on purpose.
 		checks = append(checks, check.Spec{Name: "storm-goodput", Config: check.RecoveryConfig{Baseline: before, Recovered: during, Kinds: slow, MinRatio: minRatio}})
 	}
-	spec.Judge("cancellation", cond.Name, rec, figs, checks...)
+	spec.Judge(ctx, "cancellation", cond.Name, rec, figs, checks...)
 }
 
 // Readings the cancellation checks judge.
@@ -700,7 +700,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 		}
 		// A failed CloseSession fails race-victims-errors (and
 		// race-closed-session has none to judge).
-		spec.Judge("cancellation", cond.Name, rec, figs, append([]check.Spec{
+		spec.Judge(ctx, "cancellation", cond.Name, rec, figs, append([]check.Spec{
 			check.Assume("race-sessions-seen", check.ReadingsConfig{
 				Reading: readingSessionsDuring, Minus: readingSessionsBaseline, Min: check.Bound(1), Required: true,
 				What: "CurrentSessionCount with the victims open over its baseline",

@@ -265,7 +265,7 @@ func weighted(ctx context.Context, cond toxics.Condition, sh shape, tl timeline)
 		{heavy.Name, heavy.Password, 4},
 		{light.Name, light.Password, 4},
 	})
-	spec.Judge("fairness", cond.Name, rec, figs, checks...)
+	spec.Judge(ctx, "fairness", cond.Name, rec, figs, checks...)
 }
 
 var _ = Describe("Fairness", spec.Property("fairness"), func() {
@@ -297,7 +297,7 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 			{flood.Name, flood.Password, 8},
 			{victim.Name, victim.Password, 2},
 		})
-		spec.Judge("fairness", cond.Name, rec, figs, checks...)
+		spec.Judge(ctx, "fairness", cond.Name, rec, figs, checks...)
 	}, spec.Entries(toxics.CI(), nil, SpecTimeout(2*time.Minute)))
 
 	for _, sh := range []shape{cpuBound, workerBound} {

@@ -255,7 +255,7 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 		// restarts the server: its CPU is the fault's own).
 		quiet := spec.Quiet(check.Span{From: quietFrom, To: quietTo, Window: 2 * time.Second})
 		quiet.Stage = check.Assumption
-		spec.Judge(property, cond.Name, rec, map[string]float64{"partition_ms": float64(part / time.Millisecond)},
+		spec.Judge(ctx, property, cond.Name, rec, map[string]float64{"partition_ms": float64(part / time.Millisecond)},
 			reactivation, sequence,
 			check.Spec{Name: "transfer-stream", Config: check.SamplingConfig{
 				Span:     check.Span{From: judgedFrom, To: transferAt + streamed - 500*time.Millisecond},
@@ -312,7 +312,7 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 		DeferCleanup(func(ctx context.Context) error { return wait() }, NodeTimeout(nemesis.UndoTimeout+time.Second))
 		recoveries := keepReading(ctx, c, soak+settle)
 		Expect(wait()).To(Succeed(), "nemesis schedule")
-		spec.Judge(property, toxics.Scheduled.Name, rec, map[string]float64{
+		spec.Judge(ctx, property, toxics.Scheduled.Name, rec, map[string]float64{
 			"nemesis.steps": float64(len(steps)), "recoveries": float64(recoveries),
 			"channel_lifetime_ms": float64(granted / time.Millisecond), "session_timeout_ms": float64(session / time.Millisecond),
 		}, checks...)

@@ -306,7 +306,7 @@ func robustness(ctx SpecContext, cond toxics.Condition) {
 			Span: check.Span{From: baseline.Start, To: stopped}, Interval: subSampling, Items: v.items, MinFraction: subMinShare, MaxGap: maxStall(cond),
 		}})
 	}
-	spec.Judge("robustness", cond.Name, rec, figs, checks...)
+	spec.Judge(ctx, "robustness", cond.Name, rec, figs, checks...)
 	Expect(errors.Join(errs...)).NotTo(HaveOccurred(), "send attacks")
 	Expect(verr).NotTo(HaveOccurred(), "run the victim")
 	Expect(skipped).To(BeEmpty(), "attacks not run: less than %v of the spec's time left (every earlier attack waited for an answer)", reserve)

@@ -81,7 +81,7 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 		Expect(wait()).To(Succeed(), "nemesis schedule")
 		figs := st.Figures()
 		figs["nemesis.steps"] = float64(steps)
-		spec.Judge(property, toxics.Scheduled.Name, rec, figs, checks...)
+		spec.Judge(ctx, property, toxics.Scheduled.Name, rec, figs, checks...)
 	}, spec.SoakTimeout(2*time.Minute))
 
 	// With 1024 items: catches fault sampler-skips (items-1024:
@@ -130,7 +130,7 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 			Expect(err).NotTo(HaveOccurred(), "subscribe")
 			figs := st.Figures()
 			rec.Reading(readingRevisedSampling, float64(st.RevisedSampling)/float64(time.Millisecond))
-			spec.Judge(property, cond.Name, rec, figs, checks...)
+			spec.Judge(ctx, property, cond.Name, rec, figs, checks...)
 		}, spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)))
 	}
 })

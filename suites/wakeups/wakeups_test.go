@@ -110,7 +110,7 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 		figs := run(ctx, rec, p)
 		Expect(wait()).To(Succeed(), "nemesis schedule")
 		figs["nemesis.steps"] = float64(steps)
-		spec.Judge(property, toxics.Scheduled.Name, rec, figs, checks...)
+		spec.Judge(ctx, property, toxics.Scheduled.Name, rec, figs, checks...)
 	}, spec.SoakTimeout(2*time.Minute))
 
 	DescribeTable("completes bursts separated by idle gaps, with few workers that park often", func(ctx SpecContext, cond toxics.Condition) {
@@ -136,7 +136,7 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 		}
 		rec.SetLabel("profile", fmt.Sprint(gaps))
 		figs := run(ctx, rec, p)
-		spec.Judge(property, cond.Name, rec, figs, checks...)
+		spec.Judge(ctx, property, cond.Name, rec, figs, checks...)
 	}, spec.Entries(toxics.CI(), catches, SpecTimeout(time.Minute)))
 
 	for _, capacity := range []struct {
@@ -174,7 +174,7 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 			// lost. The seed's stall (an emptied owner left with
 			// no turn) stops the whole pipeline; a session starved
 			// for good fails MaxLatency.
-			spec.Judge(property, cond.Name, rec, figs, checks...)
+			spec.Judge(ctx, property, cond.Name, rec, figs, checks...)
 		}, spec.Entries(toxics.CI(), catches, SpecTimeout(90*time.Second)))
 
 	}
@@ -192,6 +192,6 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 		p.Sessions = append(load.Sessions(4, "slow", load.Session{Outstanding: 1, Requests: []load.Request{load.SlowRead(time.Second)}}),
 			load.Session{Name: "fast", Outstanding: 4})
 		figs := run(ctx, rec, p)
-		spec.Judge(property, cond.Name, rec, figs, checks...)
+		spec.Judge(ctx, property, cond.Name, rec, figs, checks...)
 	}, spec.Entries(toxics.CI(), catches, SpecTimeout(time.Minute)))
 })
