@@ -145,7 +145,8 @@ func TestRepublishForgetsFault(t *testing.T) {
 
 // TestTransferSubscriptions: a subscription moves to another session of
 // the same (anonymous) user with its items and sequence numbers; the new
-// session's Publish gets its data, the old one has none left. Another
+// session's Publish gets its data, the old one is told once
+// (GoodSubscriptionTransferred) and then has none left. Another
 // user's session may not take it. With transfer-drops it arrives empty.
 func TestTransferSubscriptions(t *testing.T) {
 	for _, fault := range []bool{false, true} {
@@ -177,8 +178,22 @@ func TestTransferSubscriptions(t *testing.T) {
 		if len(res[0].AvailableSequenceNumbers) == 0 {
 			t.Error("no sequence numbers available after the transfer")
 		}
+		// The old session is told (Part 4 5.13.7), once; then it has
+		// nothing left.
+		r, err = sendSvc(t, a, &ua.PublishRequest{})
+		if err != nil {
+			t.Fatalf("Publish on the old session: %v, want the status change", err)
+		}
+		pr := r.(*ua.PublishResponse)
+		var change *ua.StatusChangeNotification
+		if msg := pr.NotificationMessage; msg != nil && len(msg.NotificationData) == 1 {
+			change, _ = msg.NotificationData[0].Value.(*ua.StatusChangeNotification)
+		}
+		if pr.SubscriptionID != sub || change == nil || change.Status != ua.StatusGoodSubscriptionTransferred {
+			t.Errorf("Publish on the old session = %+v, want a StatusChangeNotification GoodSubscriptionTransferred for %d", pr, sub)
+		}
 		if _, err := sendSvc(t, a, &ua.PublishRequest{}); !errors.Is(err, ua.StatusBadNoSubscription) {
-			t.Errorf("Publish on the old session = %v, want BadNoSubscription", err)
+			t.Errorf("second Publish on the old session = %v, want BadNoSubscription", err)
 		}
 		next := dataMessage(t, b, sub)
 		switch {

@@ -17,6 +17,18 @@ func (s *Session) Publish(call PublishCall) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.closed && len(s.statuses) > 0 {
+		// A subscription left the session: its status change first.
+		msg := s.statuses[0]
+		s.statuses = slices.Delete(s.statuses, 0, 1)
+		msg.ResponseHeader = m.header(r, ua.StatusOK)
+		msg.Results = make([]ua.StatusCode, len(r.SubscriptionAcknowledgements))
+		for i, a := range r.SubscriptionAcknowledgements {
+			msg.Results[i] = s.ackLocked(a)
+		}
+		call.Respond(msg)
+		return
+	}
 	switch {
 	case s.closed:
 		call.Respond(m.Fault(r, ua.StatusBadSessionClosed))

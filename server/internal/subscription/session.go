@@ -47,9 +47,17 @@ type Session struct {
 	order   []*Subscription // creation order, for round robin
 	rr      int
 	pending []*pendingPublish
-	items   int // live monitored items, all subscriptions
-	closed  bool
+	// statuses are status change messages for subscriptions that left
+	// the session (Good_SubscriptionTransferred), waiting for a Publish
+	// request (at most maxStatuses, the oldest dropped).
+	statuses []*ua.PublishResponse
+	items    int // live monitored items, all subscriptions
+	closed   bool
 }
+
+// maxStatuses bounds the status change messages a session keeps for
+// Publish requests its client may never send.
+const maxStatuses = 16
 
 // Subscription is one subscription of a session.
 type Subscription struct {

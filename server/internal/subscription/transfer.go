@@ -71,6 +71,7 @@ func (m *Manager) Transfer(id uint32, from any, to *Session, sendInitial, dropIt
 			src.order = slices.Delete(src.order, i, i+1)
 		}
 		src.items -= len(sub.list)
+		src.transferredLocked(sub)
 		src.noSubscriptionsLocked()
 		to.subs[id] = sub
 		to.order = append(to.order, sub)
@@ -102,6 +103,39 @@ func (m *Manager) Transfer(id uint32, from any, to *Session, sendInitial, dropIt
 	}
 	m.log.Debug("subscription transferred", "subscription", id, "send_initial", sendInitial)
 	return sub.available(), ua.StatusOK
+}
+
+// transferredLocked tells the session a subscription left that it is gone
+// (Part 4 5.13.7): a Publish response whose NotificationMessage holds a
+// StatusChangeNotification Good_SubscriptionTransferred, sent to a queued
+// Publish request or kept for the next one. The message carries the
+// subscription's next sequence number without consuming it, as a
+// keep-alive does: the sequence goes on unbroken in the new session, and
+// the message is not kept for Republish. s.mu held.
+func (s *Session) transferredLocked(sub *Subscription) {
+	if s.closed {
+		return
+	}
+	m := s.m
+	now := s.now()
+	change := ua.NewExtensionObject(&ua.StatusChangeNotification{Status: ua.StatusGoodSubscriptionTransferred, DiagnosticInfo: &ua.DiagnosticInfo{}})
+	msg := &ua.PublishResponse{
+		SubscriptionID: sub.id,
+		NotificationMessage: &ua.NotificationMessage{
+			SequenceNumber:   sub.seq,
+			PublishTime:      m.clock.Wall(now),
+			NotificationData: []*ua.ExtensionObject{change},
+		},
+	}
+	if p := s.popLocked(now); p != nil {
+		msg.ResponseHeader, msg.Results = m.header(p.call.Request, ua.StatusOK), p.results
+		p.call.Respond(msg)
+		return
+	}
+	if len(s.statuses) >= maxStatuses {
+		s.statuses = slices.Delete(s.statuses, 0, 1)
+	}
+	s.statuses = append(s.statuses, msg)
 }
 
 // dropItemsLocked deletes every monitored item of sub (the transfer-drops
