@@ -106,6 +106,34 @@ func keepReading(ctx context.Context, c *reconnect.Client, d time.Duration) (rec
 	return recoveries
 }
 
+// start starts the environment (a reference server that grants a channel
+// of channelLifetime) and asks the server, directly (not through the
+// condition's toxics, which are not applied yet), what it grants: the
+// channel lifetime, and a session timeout that outlives it by enough for a
+// partition between the two (where a server's channel minimum is near the
+// session timeout asked for, a longer session is asked for). It returns
+// the configuration of client, through the proxy, with that session
+// timeout.
+func start(ctx context.Context, client string) (*env.Env, reconnect.Config, nemesis.Lifetimes) {
+	GinkgoHelper()
+	var opts []env.Option
+	if isReference() {
+		opts = append(opts, env.WithServerEnv(map[string]string{"OPCUA_MIN_CHANNEL_LIFETIME": referenceMinLifetime}))
+	}
+	e, err := h.Start(ctx, opts...)
+	Expect(err).NotTo(HaveOccurred(), "start environment")
+	cfg := reconnect.Config{Endpoint: e.DirectEndpoint, Client: client, SessionTimeout: sessionTimeout, ChannelLifetime: channelLifetime}
+	granted, session, err := reconnect.Granted(ctx, cfg)
+	Expect(err).NotTo(HaveOccurred(), "ask the server for a channel and a session")
+	if want := 3 * granted; session < want {
+		cfg.SessionTimeout = want
+		_, session, err = reconnect.Granted(ctx, cfg)
+		Expect(err).NotTo(HaveOccurred(), "ask the server for a session of %v", want)
+	}
+	cfg.Endpoint = e.Endpoint
+	return e, cfg, nemesis.Lifetimes{Channel: granted, Session: session}
+}
+
 // isReference reports whether the target is the reference server, which
 // takes its settings from the environment.
 func isReference() bool {
@@ -136,27 +164,9 @@ func run(ctx context.Context, sub *reconnect.Subscription, c *reconnect.Client) 
 var _ = Describe("Recovery after broken connections and restarts", spec.Property(property), func() {
 	DescribeTable("takes its session to a new channel after a partition, republishes what it lost, transfers its subscription without a gap and serves again after kill -9", func(ctx SpecContext, cond toxics.Condition) {
 		h.Require(spec.Needs(cond)...)
-		var opts []env.Option
-		if isReference() {
-			opts = append(opts, env.WithServerEnv(map[string]string{"OPCUA_MIN_CHANNEL_LIFETIME": referenceMinLifetime}))
-		}
-		e, err := h.Start(ctx, opts...)
-		Expect(err).NotTo(HaveOccurred(), "start environment")
-
-		// What the server grants, asked directly (not through the
-		// condition's toxics, which are not applied yet).
-		cfg := reconnect.Config{Endpoint: e.DirectEndpoint, Client: "c1", SessionTimeout: sessionTimeout, ChannelLifetime: channelLifetime}
-		granted, session, err := reconnect.Granted(ctx, cfg)
-		Expect(err).NotTo(HaveOccurred(), "ask the server for a channel and a session")
-		if want := 3 * granted; session < want {
-			// A channel minimum near the session timeout: a longer
-			// session, so that a partition fits between the two.
-			cfg.SessionTimeout = want
-			_, session, err = reconnect.Granted(ctx, cfg)
-			Expect(err).NotTo(HaveOccurred(), "ask the server for a session of %v", want)
-		}
-		cfg.Endpoint = e.Endpoint
-		part, err := nemesis.PartitionFor(nemesis.Lifetimes{Channel: granted, Session: session})
+		e, cfg, lt := start(ctx, "c1")
+		granted, session := lt.Channel, lt.Session
+		part, err := nemesis.PartitionFor(lt)
 		Expect(err).NotTo(HaveOccurred(), "a partition between the granted channel lifetime and session timeout")
 		rec := h.NewRecorder(map[string]string{"condition": cond.Name, "partition": part.String(),
 			"channel_lifetime": granted.String(), "session_timeout": session.String()})
@@ -271,16 +281,9 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 	// whose seed may draw none: the CI spec above is.
 	It("keeps serving a reconnecting client through a seeded schedule of pauses, kills, SIGTERMs, partitions and toxics", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
 		soak := spec.SoakFor()
-		var opts []env.Option
-		if isReference() {
-			opts = append(opts, env.WithServerEnv(map[string]string{"OPCUA_MIN_CHANNEL_LIFETIME": referenceMinLifetime}))
-		}
-		e, err := h.Start(ctx, opts...)
-		Expect(err).NotTo(HaveOccurred(), "start environment")
-		cfg := reconnect.Config{Endpoint: e.DirectEndpoint, Client: "reader", SessionTimeout: sessionTimeout, ChannelLifetime: channelLifetime}
-		granted, session, err := reconnect.Granted(ctx, cfg)
-		Expect(err).NotTo(HaveOccurred(), "ask the server for a channel and a session")
-		steps, err := nemesis.ProcessSchedule(GinkgoRandomSeed(), soak-5*time.Second, nemesis.Lifetimes{Channel: granted, Session: session})
+		e, cfg, lt := start(ctx, "reader")
+		granted, session := lt.Channel, lt.Session
+		steps, err := nemesis.ProcessSchedule(GinkgoRandomSeed(), soak-5*time.Second, lt)
 		Expect(err).NotTo(HaveOccurred(), "draw the schedule")
 		var names, partitions []string
 		for _, st := range steps {
@@ -302,7 +305,6 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 		rec := h.NewRecorder(map[string]string{"condition": toxics.Scheduled.Name,
 			"nemesis":          fmt.Sprintf("%d steps from seed %d", len(steps), GinkgoRandomSeed()),
 			"channel_lifetime": granted.String(), "session_timeout": session.String()})
-		cfg.Endpoint = e.Endpoint
 		c, err := reconnect.Open(ctx, rec, cfg, "r0")
 		DeferCleanup(func(ctx context.Context) { _ = c.Close(ctx) }, NodeTimeout(10*time.Second))
 		Expect(err).NotTo(HaveOccurred(), "open session")
