@@ -29,20 +29,24 @@ const (
 	// faulted the .NET stack's channels with BadTcpNotEnoughResources
 	// (the pipelines are full within the first second; 6 s put ~80 000
 	// requests through the server under the CPU limit: 111 000–121 000 in
-	// 8 s in a CI run, ~200 000 without the limit).
+	// 8 s in a CI run, ~200 000 without the limit). 4 s keep ~50 000
+	// under the limit: the faults aimed here showed within the first
+	// seconds at 6 s (no-backpressure: 1.6 % errors; retain-memory: 758
+	// MiB retained against the 256 MiB bound; late-resume: 631 pauses
+	// resumed at 0).
 	deepSessions    = 10
 	deepOutstanding = 1000
-	deepFor         = 6 * time.Second
+	deepFor         = 4 * time.Second
 
 	// slowKBps throttles the responses of the slow reader, which pipelines
 	// slowDepth requests at once; the throttle holds for throttleFor: the
 	// server stops reading within its first second (all 30 000 are sent
-	// at once), so 6 s give ~50 readings of its pending responses at the
+	// at once), so 4 s give ~30 readings of its pending responses at the
 	// marks, and a server without backpressure or with a leak has taken
 	// the whole pipeline (its growth) by then.
 	slowKBps    = 32
 	slowDepth   = 30_000
-	throttleFor = 6 * time.Second
+	throttleFor = 4 * time.Second
 
 	// requestTimeout is long enough that no client gives up on a request
 	// while its responses are throttled.

@@ -36,8 +36,15 @@ const (
 	// stormOutstanding slow reads per anonymous storm session keep the
 	// (few) workers backlogged in every phase.
 	stormOutstanding = 4
-	phaseFor         = 4 * time.Second
-	stormFor         = 6 * time.Second // CI; the soak spec storms a minute
+	// The two workers serve 20 slow reads a second whatever the
+	// condition: before, storm and after all measured 20.0 ops/s (ratios
+	// 1.000 against the 0.8 floor) in every CI-profile run, so 2 s judged
+	// of each phase (40 reads) and 3 s of the storm (~75 Cancels aimed at
+	// queued and running requests, thousands before dispatch) keep the
+	// verdicts far from the floor; a leaked slot or a cancelled request
+	// still served shows in the first second.
+	phaseFor = 3 * time.Second
+	stormFor = 4 * time.Second // CI; the soak spec storms a minute
 	// settle is left out at the start of every measured phase.
 	settle = time.Second
 	// burstSessions × burstDepth requests at once after the storm: far

@@ -31,17 +31,20 @@ type timeline struct {
 	nemesis bool
 }
 
-// ciRun is the CI profile's timeline: 4 windows of 1.5 s (median of ≥ 3
+// ciRun is the CI profile's timeline: 4 windows of 1 s (median of ≥ 3
 // valid ones, one to spare) after a 1 s warm-up (the owners' shares settle
 // within the first 0.5 s under every condition: 2.7–2.9 heavy/light in it,
 // 2.9–3.1 in every later 0.5 s, measured in a CI-profile run). A window
-// holds ≥ 1 000 of the light owner's requests under every condition (the
-// worker-bound shape, the slowest: ~740 a second), and the medians of 2 s
-// windows spread 2.994–3.004 over a whole CI run (band 2.5–3.5), so 1.5 s
-// windows keep the verdict far from the band and save 2 s a spec. soakRun
-// judges 28 windows through a nemesis schedule.
+// holds ~700 of the light owner's requests under every condition (the
+// worker-bound shape, the slowest: ~740 a second). The window's median is
+// what is judged: medians of 2 s windows spread 2.994–3.004 over a whole
+// CI run and of 1.5 s windows 3.001–3.008 (band 2.5–3.5), so a window of
+// 1 s (√1.5 more noise) still keeps a clean server 0.49 from the band,
+// while the faults sit outside it (unweighted 1.00, turn-stall 2.19–2.25:
+// a systematic shift, not noise), and saves 2 s a spec. soakRun judges
+// 28 windows through a nemesis schedule.
 var (
-	ciRun   = timeline{warmup: time.Second, window: 1500 * time.Millisecond, windows: 4}
+	ciRun   = timeline{warmup: time.Second, window: time.Second, windows: 4}
 	soakRun = timeline{warmup: 2 * time.Second, window: 2 * time.Second, windows: int((spec.SoakLength() - 2500*time.Millisecond) / (2 * time.Second)), nemesis: true}
 )
 

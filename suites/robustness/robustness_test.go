@@ -35,10 +35,11 @@ const (
 	// victim's (and the subscription's) sessions are open and counted.
 	victimWarmup = time.Second
 	// before is the quiet phase after the warm-up: the baseline of the
-	// victim's throughput, the session and connection counts and memory.
-	before = 3 * time.Second
+	// victim's throughput, the session and connection counts and memory
+	// (600 of the victim's Reads: its rate is the load's, steady).
+	before = 2 * time.Second
 	// after is the least the victim runs after the last attack.
-	after = 3 * time.Second
+	after = 2 * time.Second
 	// settle bounds the return of sessions, connections and memory to
 	// their baseline after the attacks.
 	settle = 15 * time.Second

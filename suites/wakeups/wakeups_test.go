@@ -120,9 +120,10 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 		spec.Plan(checks...)
 		// Seeded from the suite seed: replay with --seed.
 		rng := rand.New(rand.NewPCG(uint64(GinkgoRandomSeed()), 0x5eed))
-		// 7 s: every session wakes the server 5–10 times (idle gaps
-		// of 0.6–1.2 s), 30–60 wakeups of parked workers per spec.
-		p := load.Profile{Name: "bursty", Endpoint: e.Endpoint, Duration: 7 * time.Second}
+		// 5 s: every session wakes the server 4–8 times (idle gaps
+		// of 0.6–1.2 s), 24–48 wakeups of parked workers per spec; a
+		// lost one stalls its session for the rest of the run.
+		p := load.Profile{Name: "bursty", Endpoint: e.Endpoint, Duration: 5 * time.Second}
 		gaps := map[string]float64{}
 		for i := range 6 {
 			idle := time.Duration(600+rng.IntN(600)) * time.Millisecond
@@ -156,9 +157,11 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 				By("driving " + name)
 				rec.Mark("shape "+name, "")
 				p := load.Pipelined(e.Endpoint, shape.sessions, shape.outstanding)
-				// 2 s a shape: every worker parks and wakes
-				// thousands of times in it (a few ms a request)
-				p.Name, p.Duration = name, 2*time.Second
+				// 1.5 s a shape: every worker parks and wakes
+				// thousands of times in it (a few ms a request);
+				// the lost-wakeup fault stalled the pipeline
+				// within the first shape at 2 s a shape
+				p.Name, p.Duration = name, 1500*time.Millisecond
 				for i := range p.Sessions {
 					p.Sessions[i].Name = fmt.Sprintf("%s-%02d", name, i)
 				}
@@ -187,8 +190,9 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 		// 4 sessions keep one 1 s request each in flight; a
 		// server that serves requests one at a time (head-of-line
 		// blocking) leaves the fast session waiting a second.
-		// 4 s: four rounds of the slow requests
-		p := load.Profile{Name: "head-of-line", Endpoint: e.Endpoint, Duration: 4 * time.Second}
+		// 3 s: three rounds of the slow requests; serial dispatch
+		// stalls the fast session a whole second in each
+		p := load.Profile{Name: "head-of-line", Endpoint: e.Endpoint, Duration: 3 * time.Second}
 		p.Sessions = append(load.Sessions(4, "slow", load.Session{Outstanding: 1, Requests: []load.Request{load.SlowRead(time.Second)}}),
 			load.Session{Name: "fast", Outstanding: 4})
 		figs := run(ctx, rec, p)
