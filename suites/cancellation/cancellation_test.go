@@ -148,7 +148,10 @@ func isReference() bool {
 // Close and reset races: survivors keep a mix of reads in flight while
 // victim sessions with slow reads in flight are closed, timed out or reset.
 const (
-	raceFor = 7 * time.Second
+	// raceFor is the survivors' run: the last fault (the reset victims'
+	// 0.5 s) ends about 4.5 s in, the survivors' recovered second after
+	// the backlog closer's close by 3.5 s.
+	raceFor = 6 * time.Second
 	// victims per group keep victimOutstanding slow reads in flight.
 	victimsPerGroup   = 3
 	victimOutstanding = 2
@@ -160,13 +163,15 @@ const (
 	// Up to probeReads sequential reads, for at most probeFor, measure a
 	// fresh session's median latency before and after the storm;
 	// after/before must stay ≤ maxProbeRatio. Over a link with 2×(20±5)
-	// ms of latency probeFor allows about 40 reads, whose medians
+	// ms of latency probeFor allows about 25 reads, whose medians
 	// before and after differed by at most 12 % in CI-profile runs (any
-	// 30 of the 100 reads taken then: ratios 0.91–1.12); without latency
-	// the reads take 1–3 ms and all 100 are taken, which the CPU-limited
-	// condition needs (ratios of 30 reads there: 0.74–1.57).
+	// 30 of the 100 reads taken then: ratios 0.91–1.12; the link's
+	// jitter is bounded, so 25 reads move the median by a few ms of
+	// ~50); without latency the reads take 1–3 ms and all 100 are taken,
+	// which the CPU-limited condition needs (ratios of 30 reads there:
+	// 0.74–1.57).
 	probeReads    = 100
-	probeFor      = 2 * time.Second
+	probeFor      = 1200 * time.Millisecond
 	maxProbeRatio = 1.5
 	// probeFloorMS is the least "before" median the ratio divides by:
 	// without latency the probe's reads take 0.1–3 ms, and a clean

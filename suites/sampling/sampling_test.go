@@ -125,7 +125,10 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 			st, err := subscribe.Run(ctx, rec, c, subscribe.Config{
 				Client: "sub", Items: items,
 				Node: func(i int) *ua.NodeID { return ua.MustParseNodeID(fmt.Sprintf(pattern, i)) }, Sampling: interval, Publishing: publishing,
-				Outstanding: 4, Duration: warmup + judged + time.Second,
+				// 0.5 s after the judged span: its last samples are
+				// published within a publishing interval (100 ms) and
+				// a link's 2×(20±5) ms
+				Outstanding: 4, Duration: warmup + judged + 500*time.Millisecond,
 			})
 			Expect(err).NotTo(HaveOccurred(), "subscribe")
 			figs := st.Figures()
