@@ -78,9 +78,11 @@ const (
 	slowRetainedMiB = 128
 	deepRetainedMiB = 256
 	// drainSettle is how long the monitor watches the server after the
-	// load drained; the readings from check.BackpressureConfig.Settle (2 s)
-	// on show what it retains.
-	drainSettle = 3500 * time.Millisecond
+	// load drained; its readings from drainRelease on (four, 250 ms
+	// apart) show what it retains. What a collector has not given back
+	// by then is within the retention bounds above the growth bounds.
+	drainSettle  = 2500 * time.Millisecond
+	drainRelease = 1500 * time.Millisecond
 
 	// The reference server's marks (seeds 001/002): it stops reading at
 	// 100 pending responses and resumes at 50. While the throttled reader
@@ -202,6 +204,7 @@ func backpressureCheck(name string, growth, retained float64, backlogged string)
 		MaxGrowthMiB: growth, MaxRetainedMiB: retained,
 		MaxPending: check.ReadingMaxPending, HighMark: highMark,
 		Resumed: check.ReadingLowestResume, LowMark: lowMark, LowSlack: lowSlack,
+		Settle: drainRelease,
 	}
 	if backlogged != "" {
 		cfg.Pending, cfg.Backlogged = check.ReadingPending, backlogged

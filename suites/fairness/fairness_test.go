@@ -32,7 +32,7 @@ type timeline struct {
 }
 
 // ciRun is the CI profile's timeline: 4 windows of 1 s (median of ≥ 3
-// valid ones, one to spare) after a 1 s warm-up (the owners' shares settle
+// valid ones, one to spare) after a 0.75 s warm-up (the owners' shares settle
 // within the first 0.5 s under every condition: 2.7–2.9 heavy/light in it,
 // 2.9–3.1 in every later 0.5 s, measured in a CI-profile run). A window
 // holds ~700 of the light owner's requests under every condition (the
@@ -44,7 +44,7 @@ type timeline struct {
 // a systematic shift, not noise), and saves 2 s a spec. soakRun judges
 // 28 windows through a nemesis schedule.
 var (
-	ciRun   = timeline{warmup: time.Second, window: time.Second, windows: 4}
+	ciRun   = timeline{warmup: 750 * time.Millisecond, window: time.Second, windows: 4}
 	soakRun = timeline{warmup: 2 * time.Second, window: 2 * time.Second, windows: int((spec.SoakLength() - 2500*time.Millisecond) / (2 * time.Second)), nemesis: true}
 )
 

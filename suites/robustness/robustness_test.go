@@ -38,8 +38,10 @@ const (
 	// victim's throughput, the session and connection counts and memory
 	// (600 of the victim's Reads: its rate is the load's, steady).
 	before = 2 * time.Second
-	// after is the least the victim runs after the last attack.
-	after = 2 * time.Second
+	// after is the least the victim runs after the last attack (300
+	// Reads against the baseline's throughput; the wait for sessions,
+	// connections and memory to return goes on up to settle).
+	after = time.Second
 	// settle bounds the return of sessions, connections and memory to
 	// their baseline after the attacks.
 	settle = 15 * time.Second

@@ -120,10 +120,10 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 		spec.Plan(checks...)
 		// Seeded from the suite seed: replay with --seed.
 		rng := rand.New(rand.NewPCG(uint64(GinkgoRandomSeed()), 0x5eed))
-		// 5 s: every session wakes the server 4–8 times (idle gaps
-		// of 0.6–1.2 s), 24–48 wakeups of parked workers per spec; a
+		// 4 s: every session wakes the server 3–6 times (idle gaps
+		// of 0.6–1.2 s), 18–36 wakeups of parked workers per spec; a
 		// lost one stalls its session for the rest of the run.
-		p := load.Profile{Name: "bursty", Endpoint: e.Endpoint, Duration: 5 * time.Second}
+		p := load.Profile{Name: "bursty", Endpoint: e.Endpoint, Duration: 4 * time.Second}
 		gaps := map[string]float64{}
 		for i := range 6 {
 			idle := time.Duration(600+rng.IntN(600)) * time.Millisecond
