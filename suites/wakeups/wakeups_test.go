@@ -191,16 +191,24 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 		// only when all 8 are answered: every round ends with the
 		// server's queue empty and its workers parked, so a request a
 		// parked worker was never woken for has no later arrival to
-		// rescue it. The round waits for it until the request timeout
-		// and the request is named lost. In the other specs arrivals
-		// never stop, and the same fault stalls only when the race falls
-		// on the last request before a pause. Hundreds of rounds a
-		// second at baseline, ~20 under latency; the in-process
-		// reference server with the lost-wakeup fault stranded a request
-		// in 12 of 12 runs of 1.5 s (2 and 8 workers, 1–4 requests a
-		// session).
+		// rescue it. In the other specs arrivals never stop, and the
+		// same fault stalls only when the race falls on the last
+		// request before a pause. Hundreds of rounds a second at
+		// baseline, ~20 under latency; the in-process reference server
+		// with the lost-wakeup fault stranded a request in 12 of 12
+		// runs of 1.5 s (2 and 8 workers, 1–4 requests a session).
+		//
+		// A round still waiting after a second gets a nudge: one more
+		// request, which wakes a parked worker. A stranded request is
+		// then answered, 1 s late, and the stall check names the wait
+		// a stall a nudge ended (a lost wakeup); a response the server
+		// dropped is not brought by it and stays a lost response at the
+		// request timeout. A clean round takes milliseconds (~100 ms
+		// under latency+cpu), so a clean server is never nudged; a wait
+		// of 1 s is twice maxStall and fails the stall check anyway.
 		p := load.Profile{Name: "lockstep", Endpoint: e.Endpoint, Duration: time.Second, Lockstep: true,
-			// well past MaxLatency: a stranded request costs 3 s,
+			Nudge: time.Second,
+			// well past the nudge: a dropped response costs 3 s,
 			// not the default 10 s
 			RequestTimeout: 3 * time.Second,
 			Sessions:       load.Sessions(4, "step", load.Session{Outstanding: 2})}
