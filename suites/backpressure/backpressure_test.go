@@ -297,6 +297,9 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		serverRuns(ctx, e, rec)
 		mon := spec.MonitorServer(ctx, e, rec)
 		rss := load.SampleRSS(ctx, rec, 5*time.Second)
+		// what the driver keeps: heap profiles after warm-up (the trend
+		// checker's, a fifth of the run) and 10 s before the load ends
+		heap := spec.ProfileDriver(ctx, max(runFor/5, 10*time.Second), runFor-10*time.Second)
 		w := watch.New(e, rec, watch.Options{Sessions: h.Setup.Probe.StandardDiagnostics.Found, Connections: e.Target.Diagnostics})
 		DeferCleanup(w.Close, NodeTimeout(10*time.Second))
 		counts := w.SampleCounts(ctx, 5*time.Second)
@@ -304,6 +307,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		p := load.Pipelined(e.Endpoint, deepSessions, deepOutstanding)
 		p.Name, p.Duration, p.RequestTimeout = "nemesis", runFor, requestTimeout
 		st, err := load.Run(ctx, rec, p)
+		heap()
 		Expect(err).NotTo(HaveOccurred(), "run load")
 		Expect(wait()).To(Succeed(), "nemesis schedule")
 		settle(ctx, mon)
