@@ -32,19 +32,72 @@ type Toxic struct {
 	Attributes map[string]any
 }
 
-// Condition is a named set of toxics plus an optional CPU limit.
+// Message security modes of the security axis, by the names of their
+// labels (security:<mode>) and of package fixtures/secure.
+const (
+	// SecurityNone is MessageSecurityMode None, the default.
+	SecurityNone = "none"
+	// SecuritySign is MessageSecurityMode Sign.
+	SecuritySign = "sign"
+	// SecuritySignEncrypt is MessageSecurityMode SignAndEncrypt.
+	SecuritySignEncrypt = "sign-encrypt"
+)
+
+// Condition is a named set of toxics plus an optional CPU limit, and the
+// message security mode of every client of a spec under it.
 type Condition struct {
-	// Name is the condition's stable identifier, e.g. "latency+cpu".
+	// Name is the condition's stable identifier, e.g. "latency+cpu", or
+	// "baseline+sign-encrypt" for a secured one (WithSecurity): unique
+	// among the rows of a property, as summary rows, histories and report
+	// paths name it.
 	Name string
 	// Toxics are added to the target proxy while the condition holds.
 	Toxics []Toxic
 	// NanoCPUs limits the server container's CPU (1e9 = one CPU) while the
 	// condition holds; 0 leaves the limit alone.
 	NanoCPUs int64
+	// Security is the MessageSecurityMode of the spec's clients by its
+	// name (SecuritySign, SecuritySignEncrypt); "" is SecurityNone.
+	Security string
 }
 
 // String returns the condition's name.
 func (c Condition) String() string { return c.Name }
+
+// WithSecurity returns c with every client under it on channels of the
+// message security mode named mode (SecuritySign, SecuritySignEncrypt),
+// named "<name>+<mode>" ("baseline+sign-encrypt"), so that its rows stay
+// apart from c's. SecurityNone (or "") returns c without security, named
+// Base(): conditions without security keep their names.
+func (c Condition) WithSecurity(mode string) Condition {
+	c.Name = c.Base()
+	if mode == "" || mode == SecurityNone {
+		c.Security = ""
+		return c
+	}
+	c.Name += "+" + mode
+	c.Security = mode
+	return c
+}
+
+// SecurityMode returns the name of c's message security mode:
+// SecurityNone when c sets none.
+func (c Condition) SecurityMode() string {
+	if c.Security == "" {
+		return SecurityNone
+	}
+	return c.Security
+}
+
+// Base returns the name of c's toxics and CPU limit without its security:
+// "baseline" for "baseline+sign-encrypt", Name for a condition without
+// security.
+func (c Condition) Base() string {
+	if c.Security == "" || c.Security == SecurityNone {
+		return c.Name
+	}
+	return strings.TrimSuffix(c.Name, "+"+c.Security)
+}
 
 // Latency returns a toxic that delays one direction by ms ± jitter ms.
 func Latency(stream string, ms, jitter int) Toxic {
@@ -123,13 +176,30 @@ func CI() []Condition {
 	return []Condition{Baseline, LatencyJitter, HalfCPU, LatencyHalfCPU}
 }
 
-// Lookup returns the named condition of the CI profile, or an error naming
-// the known ones.
+// Secured returns conds under the message security mode named mode
+// (WithSecurity of each): e.g. Secured(SecuritySignEncrypt, Baseline) is
+// the baseline under SignAndEncrypt.
+func Secured(mode string, conds ...Condition) []Condition {
+	out := make([]Condition, len(conds))
+	for i, c := range conds {
+		out[i] = c.WithSecurity(mode)
+	}
+	return out
+}
+
+// Lookup returns the named condition of the CI profile, also under a
+// security mode ("baseline+sign-encrypt", see WithSecurity), or an error
+// naming the known ones.
 func Lookup(name string) (Condition, error) {
 	known := make([]string, 0, 4)
 	for _, c := range CI() {
 		if c.Name == name {
 			return c, nil
+		}
+		for _, mode := range []string{SecuritySign, SecuritySignEncrypt} {
+			if name == c.Name+"+"+mode {
+				return c.WithSecurity(mode), nil
+			}
 		}
 		known = append(known, c.Name)
 	}

@@ -58,3 +58,36 @@ func TestScheduleIsSeededAndWellFormed(t *testing.T) {
 		t.Errorf("seeds 42 and 43 gave the same schedule")
 	}
 }
+
+func TestWithSecurityNamesTheRowApart(t *testing.T) {
+	for _, c := range toxics.CI() {
+		for _, mode := range []string{toxics.SecuritySign, toxics.SecuritySignEncrypt} {
+			s := c.WithSecurity(mode)
+			if want := c.Name + "+" + mode; s.Name != want || s.String() != want {
+				t.Errorf("%s.WithSecurity(%s) named %q, want %q", c.Name, mode, s.Name, want)
+			}
+			if s.Base() != c.Name || s.SecurityMode() != mode {
+				t.Errorf("%s: Base %q, SecurityMode %q", s.Name, s.Base(), s.SecurityMode())
+			}
+			if s.NanoCPUs != c.NanoCPUs || len(s.Toxics) != len(c.Toxics) {
+				t.Errorf("%s: toxics or CPU limit changed", s.Name)
+			}
+			if again := s.WithSecurity(mode); again.Name != s.Name {
+				t.Errorf("%s secured twice is %q", s.Name, again.Name)
+			}
+			if none := s.WithSecurity(toxics.SecurityNone); none.Name != c.Name || none.SecurityMode() != toxics.SecurityNone {
+				t.Errorf("%s.WithSecurity(none) = %q, %s", s.Name, none.Name, none.SecurityMode())
+			}
+			got, err := toxics.Lookup(s.Name)
+			if err != nil || got.Name != s.Name || got.Security != mode {
+				t.Errorf("Lookup(%q) = %+v, %v", s.Name, got, err)
+			}
+		}
+		if c.SecurityMode() != toxics.SecurityNone || c.Base() != c.Name || c.WithSecurity("").Name != c.Name {
+			t.Errorf("%s: a condition without security is not none or renamed", c.Name)
+		}
+	}
+	if got := toxics.Secured(toxics.SecuritySignEncrypt, toxics.Baseline); len(got) != 1 || got[0].Name != "baseline+sign-encrypt" {
+		t.Errorf("Secured(sign-encrypt, baseline) = %v", got)
+	}
+}
