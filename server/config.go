@@ -322,6 +322,8 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Faults are the enabled fault switches.
 	Faults Faults
+	// Quirks are the enabled quirk switches: conformant variations.
+	Quirks Quirks
 	// Logger receives the server's log; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -339,6 +341,7 @@ type Config struct {
 //	OPCUA_BACKPRESSURE                high:low pending responses (100:50)
 //	OPCUA_COUNTERS                    SampledCounter/FastCounter nodes (4096)
 //	OPCUA_FAULTS                      fault switches, comma separated
+//	OPCUA_QUIRKS                      quirk switches, comma separated
 //	OPCUA_MAX_CONNECTIONS             open connections (1000)
 //	OPCUA_HANDSHAKE_TIMEOUT           connect to first OpenSecureChannel (10s)
 //	OPCUA_MIN_CHANNEL_LIFETIME        shortest channel token lifetime granted (10s)
@@ -375,6 +378,7 @@ func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 	workers := fset.String("workers", env("OPCUA_WORKERS", ""), "worker pool size (env OPCUA_WORKERS)")
 	queue := fset.String("queue", env("OPCUA_QUEUE_SIZE", ""), "total request queue bound (env OPCUA_QUEUE_SIZE)")
 	faults := fset.String("faults", env("OPCUA_FAULTS", ""), "fault switches, comma separated (env OPCUA_FAULTS)")
+	quirks := fset.String("quirks", env("OPCUA_QUIRKS", ""), "quirk switches, comma separated (env OPCUA_QUIRKS)")
 	if err := fset.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -463,6 +467,9 @@ func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 	}
 	if cfg.Faults, err = ParseFaults(*faults); err != nil {
 		return cfg, fmt.Errorf("OPCUA_FAULTS: %v", err)
+	}
+	if cfg.Quirks, err = ParseQuirks(*quirks); err != nil {
+		return cfg, fmt.Errorf("OPCUA_QUIRKS: %v", err)
 	}
 	return cfg, nil
 }

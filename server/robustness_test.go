@@ -795,7 +795,7 @@ func TestLoadConfigLimits(t *testing.T) {
 		MaxBufferedBytes: 12345, MaxDecodeDepth: 20, LoginDelay: 50 * time.Millisecond, LoginDelayMax: time.Second,
 		LoginFreeFailures: 2, ShutdownTimeout: 4 * time.Second}
 	got := cfg
-	got.Listen, got.Users, got.OwnerWeights, got.Faults = "", nil, nil, nil
+	got.Listen, got.Users, got.OwnerWeights, got.Faults, got.Quirks = "", nil, nil, nil, nil
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("limits %+v\nwant %+v", got, want)
 	}
