@@ -5,8 +5,13 @@ SHELL := bash
 .DEFAULT_GOAL := help
 
 TARGET        ?= reference
-# The CI profile leaves out the soak specs (nightly: LABEL_FILTER='ci || soak').
-LABEL_FILTER  ?= !soak
+# The CI profile leaves out the soak specs and the rows labelled nightly
+# (the properties' rows under SignAndEncrypt but for backpressure's and
+# wakeups', which it breaks first); the nightly runs them all
+# (LABEL_FILTER='ci || soak'). Every row is labelled security:<mode>:
+# LABEL_FILTER='security:sign-encrypt && condition:baseline' runs every
+# property under SignAndEncrypt.
+LABEL_FILTER  ?= !soak && !nightly
 RUN           ?= $(shell date -u +%Y%m%d-%H%M%S)
 SEED          ?=
 # SOAK is the run length of the soak specs (a Go duration, 1m to 24h;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Nightly soak: fuzz the server's request path (FUZZTIME per target,
 # default 5m), run the suites REPEATS times (default 3, each round with a
-# new seed) with the soak-labelled specs (SOAK each, default 5m), then the fault matrix (make faults: every
+# new seed) with the soak-labelled specs (SOAK each, default 5m) and the
+# rows the CI profile leaves out (labelled nightly: every property under
+# SignAndEncrypt), then the fault matrix (make faults: every
 # fault switch must be caught). Every round runs even after a failure, so
 # the night reports a pass rate per spec and the seeds of its failures
 # (make chaos SEED=<seed> replays one). The rounds' report goes to
@@ -32,6 +34,8 @@ for i in $(seq 1 "$REPEATS"); do
 	echo "nightly: round $i of $REPEATS"
 	run="$NIGHT-r$i"
 	runs+=("reports/$run")
+	# 'ci || soak': every spec (each suite is labelled ci), the soak
+	# specs and the rows labelled nightly included.
 	make chaos RUN="$run" SOAK="$SOAK" LABEL_FILTER="${LABEL_FILTER:-ci || soak}" || { echo "nightly: round $i failed (carrying on)"; rc=1; }
 done
 
