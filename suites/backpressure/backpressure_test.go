@@ -99,6 +99,14 @@ const (
 // weigh on the server's memory.
 var statusRead = load.Request{Kind: history.KindRead, Node: ua.NewNumericNodeID(0, 2256)}
 
+// secured are the conditions of the rows under SignAndEncrypt: the
+// baseline, with every client on SignAndEncrypt channels.
+var secured = toxics.Secured(toxics.SecuritySignEncrypt, toxics.Baseline)
+
+// securedDeepCatches are the faults the deep pipelines under
+// SignAndEncrypt are aimed at (their None row is aimed at deepCatches).
+var securedDeepCatches []server.Fault
+
 // judged are the op kinds the backpressure checks read.
 var judged = []history.Kind{history.KindRead, history.KindSession}
 
@@ -259,9 +267,9 @@ var deepCatches = append(slices.Clone(catches), server.FaultLateResume)
 func start(ctx context.Context, cond toxics.Condition) (*env.Env, *history.Recorder, *env.Monitor) {
 	GinkgoHelper()
 	h.Require(spec.Needs(cond)...)
-	e, err := h.Start(ctx)
+	e, err := h.StartUnder(ctx, cond)
 	Expect(err).NotTo(HaveOccurred(), "start environment")
-	rec := h.NewRecorder(map[string]string{"condition": cond.Name})
+	rec := h.NewRecorder(map[string]string{"condition": cond.Name, "security": cond.SecurityMode()})
 	serverRuns(ctx, e, rec) // the first reading survival compares with
 	_, err = spec.Apply(ctx, e, rec, cond)
 	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
@@ -344,7 +352,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 
 		By(fmt.Sprintf("pipelining %d × %d Reads for %s", deepSessions, deepOutstanding, deepFor))
 		p := load.Pipelined(e.Endpoint, deepSessions, deepOutstanding)
-		p.Duration, p.RequestTimeout = deepFor, deepRequestTimeout
+		p.Duration, p.RequestTimeout, p.Security = deepFor, deepRequestTimeout, e.Security
 		exp := gmeasure.NewExperiment("deep pipelines")
 		AddReportEntry(exp.Name, exp)
 		var st load.Stats
@@ -360,7 +368,10 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		diagnostics(ctx, e, rec, "deep.diag.", figs)
 		rec.Reading(readingSessionsOpened, float64(st.Sessions))
 		spec.Judge(ctx, "backpressure", cond.Name, rec, figs, checks...)
-	}, spec.Entries(toxics.CI(), deepCatches, SpecTimeout(3*time.Minute)))
+	}, spec.Entries(toxics.CI(), deepCatches, SpecTimeout(3*time.Minute)),
+		// SignAndEncrypt breaks deep pipelines first (each response is
+		// signed and encrypted before it leaves): in the CI profile
+		spec.Entries(secured, securedDeepCatches, SpecTimeout(3*time.Minute)))
 
 	// catches fault retain-memory (slow-backpressure: a leak)
 	DescribeTable("stops reading from a throttled reader and answers its pipeline exactly once when it catches up", func(ctx SpecContext, cond toxics.Condition) {
@@ -378,7 +389,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 
 		By(fmt.Sprintf("pipelining %d Reads on one session for %s", slowDepth, throttleFor))
 		p := load.Profile{
-			Name: "slow-reader", Endpoint: e.Endpoint, Duration: time.Minute, RequestTimeout: requestTimeout,
+			Name: "slow-reader", Endpoint: e.Endpoint, Duration: time.Minute, RequestTimeout: requestTimeout, Security: e.Security,
 			Sessions: []load.Session{{Name: "reader", Outstanding: slowDepth, MaxRequests: slowDepth, Requests: []load.Request{statusRead}}},
 		}
 		type result struct {
@@ -434,5 +445,6 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 			append(slowChecks(throttle.Name),
 				// once the reader catches up, the channel flows again
 				check.Spec{Name: "slow-drain-stall", Config: check.StallConfig{Span: check.Span{From: drainFrom}, Kinds: judged, MaxStall: maxStall(cond)}})...)
-	}, spec.Entries(toxics.CI(), catches, SpecTimeout(3*time.Minute)))
+	}, spec.Entries(toxics.CI(), catches, SpecTimeout(3*time.Minute)),
+		spec.Entries(secured, nil, SpecTimeout(3*time.Minute), spec.Nightly))
 })
