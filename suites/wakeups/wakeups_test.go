@@ -30,6 +30,24 @@ const maxStall = 500 * time.Millisecond
 // one request at a time, responses lost on a live connection.
 var catches = []server.Fault{server.FaultLostWakeup, server.FaultSerialDispatch, server.FaultLostResponse}
 
+// secured are the conditions of the rows under SignAndEncrypt: the
+// baseline, with every client on SignAndEncrypt channels.
+var secured = toxics.Secured(toxics.SecuritySignEncrypt, toxics.Baseline)
+
+// securedShapesCatches are the faults the ample capacity's shapes under
+// SignAndEncrypt are aimed at (their None row is aimed at catches).
+var securedShapesCatches []server.Fault
+
+// securedShapes are the rows under SignAndEncrypt of the shapes table of
+// capacity: the ample capacity's in the CI profile (SignAndEncrypt breaks
+// deep pipelines first), the scarce capacity's in the nightly.
+func securedShapes(capacity string, decorators ...any) []TableEntry {
+	if capacity == "ample" {
+		return spec.Entries(secured, securedShapesCatches, decorators...)
+	}
+	return spec.Entries(secured, nil, append(decorators, spec.Nightly)...)
+}
+
 // start requires caps and what cond needs of the target (a spec the target
 // cannot run is skipped before anything starts), starts the environment
 // with the reference server's worker pool set to workers (ignored by other
@@ -41,9 +59,9 @@ func start(ctx context.Context, cond toxics.Condition, workers int, caps ...stri
 	if workers > 0 {
 		opts = append(opts, env.WithServerEnv(map[string]string{"OPCUA_WORKERS": fmt.Sprint(workers)}))
 	}
-	e, err := h.Start(ctx, opts...)
+	e, err := h.StartUnder(ctx, cond, opts...)
 	Expect(err).NotTo(HaveOccurred(), "start environment")
-	rec := h.NewRecorder(map[string]string{"condition": cond.Name, "workers": fmt.Sprint(workers)})
+	rec := h.NewRecorder(map[string]string{"condition": cond.Name, "security": cond.SecurityMode(), "workers": fmt.Sprint(workers)})
 	_, err = spec.Apply(ctx, e, rec, cond)
 	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
 	return e, rec
@@ -72,10 +90,12 @@ func exactlyOnce(name string) check.Spec {
 // could not be opened.
 const readingSessionsFailed = "client.sessions_failed"
 
-// run runs the load p and records how many of its sessions could not be
-// opened (sessionsOpened judges it).
-func run(ctx context.Context, rec *history.Recorder, p load.Profile) map[string]float64 {
+// run runs the load p on e, its sessions on e's channel security, and
+// records how many of them could not be opened (sessionsOpened judges
+// it).
+func run(ctx context.Context, e *env.Env, rec *history.Recorder, p load.Profile) map[string]float64 {
 	GinkgoHelper()
+	p.Security = e.Security
 	st, err := load.Run(ctx, rec, p)
 	Expect(err).NotTo(HaveOccurred(), "run load %s", p.Name)
 	rec.Reading(readingSessionsFailed, float64(st.SessionsFailed))
@@ -107,7 +127,7 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
 		p := load.Pipelined(e.Endpoint, 10, 50)
 		p.Name, p.Duration, p.RequestTimeout = "nemesis", runFor, 30*time.Second
-		figs := run(ctx, rec, p)
+		figs := run(ctx, e, rec, p)
 		Expect(wait()).To(Succeed(), "nemesis schedule")
 		figs["nemesis.steps"] = float64(steps)
 		spec.Judge(ctx, property, toxics.Scheduled.Name, rec, figs, checks...)
@@ -136,9 +156,10 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 			})
 		}
 		rec.SetLabel("profile", fmt.Sprint(gaps))
-		figs := run(ctx, rec, p)
+		figs := run(ctx, e, rec, p)
 		spec.Judge(ctx, property, cond.Name, rec, figs, checks...)
-	}, spec.Entries(toxics.CI(), catches, SpecTimeout(time.Minute)))
+	}, spec.Entries(toxics.CI(), catches, SpecTimeout(time.Minute)),
+		spec.Entries(secured, nil, SpecTimeout(time.Minute), spec.Nightly))
 
 	for _, capacity := range []struct {
 		name    string
@@ -165,7 +186,7 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 				for i := range p.Sessions {
 					p.Sessions[i].Name = fmt.Sprintf("%s-%02d", name, i)
 				}
-				for k, v := range run(ctx, rec, p) {
+				for k, v := range run(ctx, e, rec, p) {
 					figs[name+"."+k] = v
 				}
 			}
@@ -178,7 +199,10 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 			// no turn) stops the whole pipeline; a session starved
 			// for good fails MaxLatency.
 			spec.Judge(ctx, property, cond.Name, rec, figs, checks...)
-		}, spec.Entries(toxics.CI(), catches, SpecTimeout(90*time.Second)))
+		}, spec.Entries(toxics.CI(), catches, SpecTimeout(90*time.Second)),
+			// SignAndEncrypt breaks deep pipelines first: the ample
+			// capacity's shapes under it are in the CI profile
+			securedShapes(capacity.name, SpecTimeout(90*time.Second)))
 
 	}
 
@@ -212,9 +236,10 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 			// not the default 10 s
 			RequestTimeout: 3 * time.Second,
 			Sessions:       load.Sessions(4, "step", load.Session{Outstanding: 2})}
-		figs := run(ctx, rec, p)
+		figs := run(ctx, e, rec, p)
 		spec.Judge(ctx, property, cond.Name, rec, figs, checks...)
-	}, spec.Entries(toxics.CI(), []server.Fault{server.FaultLostWakeup, server.FaultLostResponse}, SpecTimeout(time.Minute)))
+	}, spec.Entries(toxics.CI(), []server.Fault{server.FaultLostWakeup, server.FaultLostResponse}, SpecTimeout(time.Minute)),
+		spec.Entries(secured, nil, SpecTimeout(time.Minute), spec.Nightly))
 
 	DescribeTable("keeps serving fast requests while other sessions' slow requests run", func(ctx SpecContext, cond toxics.Condition) {
 		e, rec := start(ctx, cond, 0, "service-time")
@@ -229,7 +254,8 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 		p := load.Profile{Name: "head-of-line", Endpoint: e.Endpoint, Duration: 3 * time.Second}
 		p.Sessions = append(load.Sessions(4, "slow", load.Session{Outstanding: 1, Requests: []load.Request{load.SlowRead(time.Second)}}),
 			load.Session{Name: "fast", Outstanding: 4})
-		figs := run(ctx, rec, p)
+		figs := run(ctx, e, rec, p)
 		spec.Judge(ctx, property, cond.Name, rec, figs, checks...)
-	}, spec.Entries(toxics.CI(), catches, SpecTimeout(time.Minute)))
+	}, spec.Entries(toxics.CI(), catches, SpecTimeout(time.Minute)),
+		spec.Entries(secured, nil, SpecTimeout(time.Minute), spec.Nightly))
 })
