@@ -98,6 +98,10 @@ type shape struct {
 	cpuBound bool
 }
 
+// secured are the conditions of the rows under SignAndEncrypt (nightly
+// only): the baseline, with every client on SignAndEncrypt channels.
+var secured = toxics.Secured(toxics.SecuritySignEncrypt, toxics.Baseline)
+
 var (
 	// cpuBound requests burn 1 ms of server CPU (Busy.1000): the server's
 	// CPU is the bottleneck, long enough per request that the load driver
@@ -129,7 +133,7 @@ type owner struct {
 // returns the recorder and the extra figures (load and server usage).
 func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, tl timeline, owners []owner) (*history.Recorder, map[string]float64) {
 	GinkgoHelper()
-	rec := h.NewRecorder(map[string]string{"condition": cond.Name})
+	rec := h.NewRecorder(map[string]string{"condition": cond.Name, "security": cond.SecurityMode()})
 	_, err := spec.Apply(ctx, e, rec, cond)
 	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
 	if n := measureCap(cond, sh); n > 0 && e.Server != nil {
@@ -139,7 +143,7 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 		rec.Mark("measure-cpu-cap", fmt.Sprintf("server limited to %.2f of %d cores so that the load driver and the proxy keep one", float64(n)/1e9, runtime.NumCPU()))
 	}
 
-	p := load.Profile{Name: "share", Endpoint: e.Endpoint, Duration: tl.runFor(), RequestTimeout: 30 * time.Second}
+	p := load.Profile{Name: "share", Endpoint: e.Endpoint, Duration: tl.runFor(), RequestTimeout: 30 * time.Second, Security: e.Security}
 	for _, o := range owners {
 		p.Sessions = append(p.Sessions, load.Sessions(o.sessions, o.user+"-", load.Session{
 			User: o.user, Password: o.password, Outstanding: deep,
@@ -234,11 +238,11 @@ func assumptions(name string, cond toxics.Condition, sh shape, tl timeline, owne
 
 // start requires caps and what cond needs of the target, then starts the
 // environment: a spec the target cannot run is skipped before anything
-// starts.
+// starts. Its clients use cond's channel security.
 func start(ctx context.Context, cond toxics.Condition, caps ...string) *env.Env {
 	GinkgoHelper()
 	h.Require(spec.Needs(cond, caps...)...)
-	e, err := h.Start(ctx)
+	e, err := h.StartUnder(ctx, cond)
 	Expect(err).NotTo(HaveOccurred(), "start environment")
 	return e
 }
@@ -301,11 +305,13 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 			{victim.Name, victim.Password, 2},
 		})
 		spec.Judge(ctx, "fairness", cond.Name, rec, figs, checks...)
-	}, spec.Entries(toxics.CI(), nil, SpecTimeout(2*time.Minute)))
+	}, spec.Entries(toxics.CI(), nil, SpecTimeout(2*time.Minute)),
+		spec.Entries(secured, nil, SpecTimeout(2*time.Minute), spec.Nightly))
 
 	for _, sh := range []shape{cpuBound, workerBound} {
 		DescribeTable("serves owners weighted 1:3 in proportion, "+sh.name+" (median of windows 2.5–3.5)", func(ctx SpecContext, cond toxics.Condition) {
 			weighted(ctx, cond, sh, ciRun)
-		}, spec.Entries(toxics.CI(), sh.catches, Label("service:"+sh.name), SpecTimeout(2*time.Minute)))
+		}, spec.Entries(toxics.CI(), sh.catches, Label("service:"+sh.name), SpecTimeout(2*time.Minute)),
+			spec.Entries(secured, nil, Label("service:"+sh.name), SpecTimeout(2*time.Minute), spec.Nightly))
 	}
 })
