@@ -4,6 +4,8 @@ import (
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/gopcua/opcua/ua"
 )
 
 // TestParseQuirks: every declared quirk parses, the set prints sorted, and
@@ -56,5 +58,78 @@ func TestLoadConfigQuirks(t *testing.T) {
 	}
 	if _, err = LoadConfig(nil, getenv("bogus"), io.Discard); err == nil || !strings.HasPrefix(err.Error(), "OPCUA_QUIRKS: unknown quirk \"bogus\"") {
 		t.Errorf("bad quirk: err = %v", err)
+	}
+}
+
+// TestQuirkMinSampling50ms: under min-sampling-50ms a requested 10 ms
+// sampling interval is revised to 50 ms and 100 ms stays 100 ms; without
+// it 10 ms is granted.
+func TestQuirkMinSampling50ms(t *testing.T) {
+	for _, tc := range []struct {
+		quirks   Quirks
+		want10ms float64
+	}{{Quirks{QuirkMinSampling50ms: true}, 50}, {nil, 10}} {
+		t.Run(tc.quirks.String(), func(t *testing.T) {
+			endpoint, _ := startServer(t, Config{Counters: 4, Quirks: tc.quirks})
+			c := connect(t, endpoint)
+			r, err := sendSvc(t, c, &ua.CreateSubscriptionRequest{RequestedPublishingInterval: 100, PublishingEnabled: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sub := r.(*ua.CreateSubscriptionResponse).SubscriptionID
+			item := func(handle uint32, ms float64) *ua.MonitoredItemCreateRequest {
+				return &ua.MonitoredItemCreateRequest{
+					ItemToMonitor:  &ua.ReadValueID{NodeID: counter("SampledCounter.1"), AttributeID: ua.AttributeIDValue, DataEncoding: &ua.QualifiedName{}},
+					MonitoringMode: ua.MonitoringModeReporting,
+					RequestedParameters: &ua.MonitoringParameters{
+						ClientHandle: handle, SamplingInterval: ms, QueueSize: 1, DiscardOldest: true, Filter: ua.NewExtensionObject(nil),
+					},
+				}
+			}
+			r, err = sendSvc(t, c, &ua.CreateMonitoredItemsRequest{
+				SubscriptionID: sub, TimestampsToReturn: ua.TimestampsToReturnBoth,
+				ItemsToCreate: []*ua.MonitoredItemCreateRequest{item(1, 10), item(2, 100)},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := r.(*ua.CreateMonitoredItemsResponse).Results
+			if len(res) != 2 || res[0].StatusCode != ua.StatusOK || res[1].StatusCode != ua.StatusOK {
+				t.Fatalf("create results %+v", res)
+			}
+			if got := res[0].RevisedSamplingInterval; got != tc.want10ms {
+				t.Errorf("10 ms revised to %v ms, want %v", got, tc.want10ms)
+			}
+			if got := res[1].RevisedSamplingInterval; got != 100 {
+				t.Errorf("100 ms revised to %v ms, want 100", got)
+			}
+		})
+	}
+}
+
+// TestRetainerKeepsPeakWithoutGrowing: the ballast fills what the runtime
+// freed up to its peak, gives way when a later burst of the same size needs
+// the memory again (the total stays at the peak), and the total grows only
+// with a bigger burst.
+func TestRetainerKeepsPeakWithoutGrowing(t *testing.T) {
+	const mib = 1 << 20
+	var r retainer
+	defer r.b.resize(0)
+	for i, tc := range []struct{ held, wantBallast uint64 }{
+		{10 * mib, 0},        // baseline
+		{60 * mib, 0},        // first burst
+		{12 * mib, 48 * mib}, // after it: freed memory retained
+		{60 * mib, 0},        // second burst: the ballast gives way
+		{11 * mib, 49 * mib},
+		{70 * mib, 0}, // a bigger burst raises the peak
+		{10 * mib, 60 * mib},
+	} {
+		r.step(tc.held)
+		if got := r.b.size(); got != tc.wantBallast {
+			t.Errorf("step %d (held %d MiB): ballast %d MiB, want %d", i, tc.held/mib, got/mib, tc.wantBallast/mib)
+		}
+		if total := tc.held + r.b.size(); total > r.peak {
+			t.Errorf("step %d: total %d MiB above the peak %d MiB", i, total/mib, r.peak/mib)
+		}
 	}
 }

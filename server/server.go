@@ -222,6 +222,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 
 	s.log.Info("starting",
 		"faults", s.cfg.Faults.String(),
+		"quirks", s.cfg.Quirks.String(),
 		"workers", s.workers(),
 		"weights", weightsString(s.cfg.OwnerWeights),
 		"queue", s.cfg.QueueSize,
@@ -254,6 +255,9 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		s.expireSessions(ctx)
 	}()
 	s.wg.Go(func() { s.returnMemory(ctx) })
+	if s.cfg.Quirks.Has(QuirkRetainFreedMemory) {
+		s.wg.Go(func() { s.retainMemory(ctx) })
+	}
 
 	err := s.acceptLoop(ctx, l)
 	// Queued requests are answered BadServerHalted; running ones see their

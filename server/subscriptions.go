@@ -42,10 +42,22 @@ func (s *Server) newSubscriptions() {
 
 		RepublishForgets: s.cfg.Faults.Has(FaultRepublishForgets),
 
+		MinSamplingInterval: s.minSamplingInterval(),
+
 		MaxItemsPerCall:    s.cfg.MaxMonitoredItemsPerCall,
 		MaxItemsPerSession: s.cfg.MaxMonitoredItemsPerSession,
 		MaxItemsTotal:      s.cfg.MaxMonitoredItems,
 	})
+}
+
+// minSamplingInterval is the fastest sampling interval granted: 0 (the
+// manager's default, 1 ms), or MinSamplingQuirk under the quirk
+// min-sampling-50ms.
+func (s *Server) minSamplingInterval() time.Duration {
+	if s.cfg.Quirks.Has(QuirkMinSampling50ms) {
+		return MinSamplingQuirk
+	}
+	return 0
 }
 
 // nodeSource lets monitored items sample the server's other nodes (not the
