@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gopcua/opcua"
 	"github.com/gopcua/opcua/ua"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -221,7 +220,7 @@ type victim struct {
 	name    string
 	owner   string
 	rec     *history.Recorder
-	c       *opcua.Client
+	c       *uaclient.Client
 	wg      sync.WaitGroup
 	closing atomic.Bool
 	// closed is called right after the CloseSession response, if set.
@@ -246,7 +245,7 @@ func openVictim(ctx context.Context, rec *history.Recorder, endpoint, name strin
 		shape = vs[0]
 	}
 	v := &victim{name: name, owner: "anonymous", rec: rec}
-	opts := []uaclient.Option{uaclient.RequestTimeout(victimRequestTimeout), uaclient.With(opcua.SessionTimeout(victimSessionTimeout))}
+	opts := []uaclient.Option{uaclient.RequestTimeout(victimRequestTimeout), uaclient.SessionTimeout(victimSessionTimeout)}
 	if shape.user != nil {
 		v.owner = shape.user.Name
 		opts = append(opts, uaclient.User(shape.user.Name, shape.user.Password))
@@ -345,7 +344,7 @@ func probe(ctx context.Context, e *env.Env, rec *history.Recorder, reading strin
 }
 
 // sessionCount reads CurrentSessionCount (i=2277).
-func sessionCount(ctx context.Context, c *opcua.Client) (uint32, error) {
+func sessionCount(ctx context.Context, c *uaclient.Client) (uint32, error) {
 	v, err := uaclient.ReadValue(ctx, c, uaclient.CurrentSessionCount)
 	if err != nil {
 		return 0, err
@@ -579,7 +578,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 		if u, err := h.Setup.Target.User(1); err == nil {
 			backlogShape.user = &u
 		}
-		var diag *opcua.Client
+		var diag *uaclient.Client
 		if e.Target.Diagnostics && backlogShape.user != nil {
 			diag, err = uaclient.Open(ctx, e.DirectEndpoint)
 			Expect(err).NotTo(HaveOccurred(), "open diagnostics session")

@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gopcua/opcua"
 	"github.com/gopcua/opcua/ua"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -20,7 +19,7 @@ import (
 )
 
 // openSession opens a session on endpoint and closes it when the spec ends.
-func openSession(ctx context.Context, endpoint string) *opcua.Client {
+func openSession(ctx context.Context, endpoint string) *uaclient.Client {
 	GinkgoHelper()
 	c, err := uaclient.Open(ctx, endpoint)
 	Expect(err).NotTo(HaveOccurred(), "open session")
@@ -30,7 +29,7 @@ func openSession(ctx context.Context, endpoint string) *opcua.Client {
 
 // medianReadLatency reads ServerStatus n times in a row and returns the
 // median latency; every read must succeed.
-func medianReadLatency(ctx context.Context, exp *gmeasure.Experiment, name string, c *opcua.Client, n int) time.Duration {
+func medianReadLatency(ctx context.Context, exp *gmeasure.Experiment, name string, c *uaclient.Client, n int) time.Duration {
 	GinkgoHelper()
 	exp.SampleDuration(name, func(int) {
 		_, err := uaclient.ReadValue(ctx, c, uaclient.ServerStatusState)
@@ -41,7 +40,7 @@ func medianReadLatency(ctx context.Context, exp *gmeasure.Experiment, name strin
 
 // burst reads node total times from workers goroutines on one session and
 // returns how long it took.
-func burst(ctx context.Context, c *opcua.Client, node *ua.NodeID, total, workers int) (time.Duration, error) {
+func burst(ctx context.Context, c *uaclient.Client, node *ua.NodeID, total, workers int) (time.Duration, error) {
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
