@@ -91,10 +91,10 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 		DescribeTable(fmt.Sprintf("delivers ≥ 99 %% of the samples of each of %d item(s) at 10 ms", items), func(ctx SpecContext, cond toxics.Condition) {
 			// Both specs subscribe to the target's sampled counters.
 			h.Require(spec.Needs(cond, "sampling")...)
-			e, err := h.Start(ctx)
+			e, err := h.StartUnder(ctx, cond)
 			Expect(err).NotTo(HaveOccurred(), "start environment")
 			pattern := h.Setup.Target.SampleNode
-			rec := h.NewRecorder(map[string]string{"condition": cond.Name, "items": fmt.Sprint(items)})
+			rec := h.NewRecorder(map[string]string{"condition": cond.Name, "security": cond.SecurityMode(), "items": fmt.Sprint(items)})
 			span := check.Span{From: warmup, To: warmup + judged, Count: 5}
 			checks := []check.Spec{
 				{Name: fmt.Sprintf("items-%d", items), Config: check.SamplingConfig{
@@ -119,8 +119,8 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 			_, err = spec.Apply(ctx, e, rec, cond)
 			Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
 
-			c, err := uaclient.Open(ctx, e.Endpoint)
-			Expect(err).NotTo(HaveOccurred(), "open session")
+			c, err := uaclient.Open(ctx, e.Endpoint, uaclient.Security(e.Security))
+			Expect(err).NotTo(HaveOccurred(), "open session (%s)", e.Security)
 			DeferCleanup(func(ctx context.Context) { _ = c.Close(ctx) }, NodeTimeout(10*time.Second))
 
 			// Several Publish requests outstanding so a response in
@@ -138,6 +138,7 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 			figs := st.Figures()
 			rec.Reading(readingRevisedSampling, float64(st.RevisedSampling)/float64(time.Millisecond))
 			spec.Judge(ctx, property, cond.Name, rec, figs, checks...)
-		}, spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)))
+		}, spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)),
+			spec.Entries(toxics.Secured(toxics.SecuritySignEncrypt, toxics.Baseline), nil, SpecTimeout(2*time.Minute), spec.Nightly))
 	}
 })
