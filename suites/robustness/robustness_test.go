@@ -146,11 +146,11 @@ func startVictim(ctx context.Context, e *env.Env, rec *history.Recorder) *victim
 	})
 	wg.Go(func() {
 		defer GinkgoRecover()
-		v.loadStats, loadErr = load.Run(vctx, rec, load.Profile{Name: "victim", Endpoint: e.Endpoint, Duration: 5 * time.Minute, RequestTimeout: 5 * time.Second,
+		v.loadStats, loadErr = load.Run(vctx, rec, load.Profile{Name: "victim", Endpoint: e.Endpoint, Duration: 5 * time.Minute, RequestTimeout: 5 * time.Second, Security: e.Security,
 			Sessions: []load.Session{{Name: "victim", Open: &load.OpenLoop{Rate: victimRate}}}})
 	})
 	if pattern := h.Setup.Target.SampleNode; pattern != "" {
-		c, err := uaclient.Open(ctx, e.Endpoint)
+		c, err := uaclient.Open(ctx, e.Endpoint, uaclient.Security(e.Security))
 		if err != nil {
 			stop()
 			wg.Wait()
@@ -194,9 +194,9 @@ func robustness(ctx SpecContext, cond toxics.Condition) {
 	if isReference() {
 		opts = append(opts, env.WithServerEnv(referenceLimits))
 	}
-	e, err := h.Start(ctx, opts...)
+	e, err := h.StartUnder(ctx, cond, opts...)
 	Expect(err).NotTo(HaveOccurred(), "start environment")
-	rec := h.NewRecorder(map[string]string{"condition": cond.Name})
+	rec := h.NewRecorder(map[string]string{"condition": cond.Name, "security": cond.SecurityMode()})
 	_, err = spec.Apply(ctx, e, rec, cond)
 	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
 	w := watch.New(e, rec, watch.Options{Sessions: h.Setup.Probe.StandardDiagnostics.Found, Connections: e.Target.Diagnostics})
@@ -378,5 +378,8 @@ var catches = []server.Fault{server.FaultCrashOnDecode, server.FaultUnboundedIdl
 
 var _ = Describe("Robustness", spec.Property("robustness"), func() {
 	DescribeTable("survives hostile traffic, answers every bad message, keeps serving a victim and returns to its baseline",
-		robustness, spec.Entries(toxics.CI(), catches, SpecTimeout(90*time.Second)))
+		robustness, spec.Entries(toxics.CI(), catches, SpecTimeout(90*time.Second)),
+		// the victim on SignAndEncrypt channels; the attackers' own
+		// connections stay on None (hostile traffic needs no keys)
+		spec.Entries(toxics.Secured(toxics.SecuritySignEncrypt, toxics.Baseline), nil, SpecTimeout(90*time.Second), spec.Nightly))
 })
