@@ -20,6 +20,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/secure"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
@@ -236,16 +237,16 @@ type victimSpec struct {
 	outstanding int
 }
 
-// openVictim opens a victim session on endpoint; the open is recorded as a
-// session op.
-func openVictim(ctx context.Context, rec *history.Recorder, endpoint, name string, vs ...victimSpec) *victim {
+// openVictim opens a victim session on endpoint with the channel security
+// sec; the open is recorded as a session op.
+func openVictim(ctx context.Context, rec *history.Recorder, sec secure.Config, endpoint, name string, vs ...victimSpec) *victim {
 	GinkgoHelper()
 	shape := victimSpec{outstanding: victimOutstanding}
 	if len(vs) > 0 {
 		shape = vs[0]
 	}
 	v := &victim{name: name, owner: "anonymous", rec: rec}
-	opts := []uaclient.Option{uaclient.RequestTimeout(victimRequestTimeout), uaclient.SessionTimeout(victimSessionTimeout)}
+	opts := []uaclient.Option{uaclient.RequestTimeout(victimRequestTimeout), uaclient.SessionTimeout(victimSessionTimeout), uaclient.Security(sec)}
 	if shape.user != nil {
 		v.owner = shape.user.Name
 		opts = append(opts, uaclient.User(shape.user.Name, shape.user.Password))
@@ -331,7 +332,7 @@ func sleep(ctx context.Context, d time.Duration) {
 // (in ms); it returns the median.
 func probe(ctx context.Context, e *env.Env, rec *history.Recorder, reading string, exp *gmeasure.Experiment, name string) time.Duration {
 	GinkgoHelper()
-	c, err := uaclient.Open(ctx, e.Endpoint)
+	c, err := uaclient.Open(ctx, e.Endpoint, uaclient.Security(e.Security))
 	Expect(err).NotTo(HaveOccurred(), "open probe session")
 	defer func() { _ = c.Close(context.WithoutCancel(ctx)) }()
 	exp.SampleDuration(name, func(int) {
@@ -372,9 +373,9 @@ func cancelStorm(ctx context.Context, cond toxics.Condition, stream uint64, stor
 	if isReference() {
 		opts = append(opts, env.WithServerEnv(referenceStorm))
 	}
-	e, err := h.Start(ctx, opts...)
+	e, err := h.StartUnder(ctx, cond, opts...)
 	Expect(err).NotTo(HaveOccurred(), "start environment")
-	rec := h.NewRecorder(map[string]string{"condition": cond.Name})
+	rec := h.NewRecorder(map[string]string{"condition": cond.Name, "security": cond.SecurityMode()})
 	_, err = spec.Apply(ctx, e, rec, cond)
 	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
 	slow := []history.Kind{history.KindSlowRead}
@@ -393,7 +394,7 @@ func cancelStorm(ctx context.Context, cond toxics.Condition, stream uint64, stor
 		var st load.Stats
 		var err error
 		exp.MeasureDuration(name, func() {
-			st, err = load.Run(ctx, rec, load.Profile{Name: name, Endpoint: e.Endpoint, Duration: d, RequestTimeout: 30 * time.Second, Sessions: sessions})
+			st, err = load.Run(ctx, rec, load.Profile{Name: name, Endpoint: e.Endpoint, Duration: d, RequestTimeout: 30 * time.Second, Sessions: sessions, Security: e.Security})
 		})
 		Expect(err).NotTo(HaveOccurred(), "run %s phase", name)
 		rec.Reading(readingSessionsFailed, float64(st.SessionsFailed))
@@ -513,6 +514,10 @@ func ciIndex(cond toxics.Condition) int {
 	return slices.IndexFunc(toxics.CI(), func(c toxics.Condition) bool { return c.Name == cond.Name })
 }
 
+// secured are the conditions of the rows under SignAndEncrypt (nightly
+// only): the baseline, with every client on SignAndEncrypt channels.
+var secured = toxics.Secured(toxics.SecuritySignEncrypt, toxics.Baseline)
+
 var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 	It("answers every request of a minute-long cancel storm under a seeded nemesis schedule exactly once and loses no capacity", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
 		cancelStorm(ctx, toxics.Scheduled, 0x50a6, spec.SoakFor(), true)
@@ -520,7 +525,8 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 
 	DescribeTable("answers every request of a cancel storm exactly once and loses no capacity", func(ctx SpecContext, cond toxics.Condition) {
 		cancelStorm(ctx, cond, uint64(ciIndex(cond)), stormFor, false)
-	}, spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)))
+	}, spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)),
+		spec.Entries(secured, nil, SpecTimeout(2*time.Minute), spec.Nightly))
 
 	DescribeTable("keeps serving other sessions through CloseSession, timeouts and resets mid-flight", func(ctx SpecContext, cond toxics.Condition) {
 		// victims and survivors keep slow reads (Slow.<ms>) in flight
@@ -530,9 +536,9 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 			// a known pool, so the backlog closer's pipeline queues
 			opts = append(opts, env.WithServerEnv(map[string]string{"OPCUA_WORKERS": raceWorkers}))
 		}
-		e, err := h.Start(ctx, opts...)
+		e, err := h.StartUnder(ctx, cond, opts...)
 		Expect(err).NotTo(HaveOccurred(), "start environment")
-		rec := h.NewRecorder(map[string]string{"condition": cond.Name})
+		rec := h.NewRecorder(map[string]string{"condition": cond.Name, "security": cond.SecurityMode()})
 		_, err = spec.Apply(ctx, e, rec, cond)
 		Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
 		// the victims' proxy is under the same condition, recorded
@@ -566,7 +572,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 
 		By("measuring a probe and the session count before the storm")
 		before := probe(ctx, e, rec, readingProbeBefore, exp, "probe before")
-		mon, err := uaclient.Open(ctx, e.Endpoint)
+		mon, err := uaclient.Open(ctx, e.Endpoint, uaclient.Security(e.Security))
 		Expect(err).NotTo(HaveOccurred(), "open monitor session")
 		DeferCleanup(func(ctx context.Context) { _ = mon.Close(ctx) }, NodeTimeout(10*time.Second))
 		// The backlog closer (below) has an owner of its own, the
@@ -580,7 +586,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 		}
 		var diag *uaclient.Client
 		if e.Target.Diagnostics && backlogShape.user != nil {
-			diag, err = uaclient.Open(ctx, e.DirectEndpoint)
+			diag, err = uaclient.Open(ctx, e.DirectEndpoint, uaclient.Security(e.Security))
 			Expect(err).NotTo(HaveOccurred(), "open diagnostics session")
 			DeferCleanup(func(ctx context.Context) { _ = diag.Close(ctx) }, NodeTimeout(10*time.Second))
 		}
@@ -602,14 +608,14 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 		survivorsFrom := rec.Now()
 		go func() {
 			defer GinkgoRecover()
-			st, err := load.Run(ctx, rec, load.Profile{Name: "survivors", Endpoint: e.Endpoint, Duration: raceFor, RequestTimeout: victimRequestTimeout,
+			st, err := load.Run(ctx, rec, load.Profile{Name: "survivors", Endpoint: e.Endpoint, Duration: raceFor, RequestTimeout: victimRequestTimeout, Security: e.Security,
 				Sessions: load.Sessions(2, "survivor-", survivor)})
 			done <- result{st, err}
 		}()
 		var closers, timedOut, reset []*victim
 		for i := range victimsPerGroup {
-			closers = append(closers, openVictim(ctx, rec, e.Endpoint, fmt.Sprintf("closer-%02d", i)))
-			timedOut = append(timedOut, openVictim(ctx, rec, e.VictimEndpoint, fmt.Sprintf("timeout-%02d", i)))
+			closers = append(closers, openVictim(ctx, rec, e.Security, e.Endpoint, fmt.Sprintf("closer-%02d", i)))
+			timedOut = append(timedOut, openVictim(ctx, rec, e.Security, e.VictimEndpoint, fmt.Sprintf("timeout-%02d", i)))
 		}
 		// The backlog closer: an owner of its own (the target's
 		// second user, where it has one) with a pipeline far deeper
@@ -619,7 +625,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 		// counts its owners' dispatches, the count is read right
 		// after the CloseSession response and once every victim
 		// drained: it must not grow in between.
-		backlog := openVictim(ctx, rec, e.Endpoint, "backlog-00", backlogShape)
+		backlog := openVictim(ctx, rec, e.Security, e.Endpoint, "backlog-00", backlogShape)
 		closers = append(closers, backlog)
 		var dispatched map[string]string
 		readDispatched := func(context.Context) {}
@@ -651,7 +657,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 		sleep(ctx, 2*time.Second)
 		kill(ctx, e, rec, faultTimeout, toxics.Timeout(toxics.Downstream, 500), time.Second)
 		for i := range victimsPerGroup {
-			reset = append(reset, openVictim(ctx, rec, e.VictimEndpoint, fmt.Sprintf("reset-%02d", i)))
+			reset = append(reset, openVictim(ctx, rec, e.Security, e.VictimEndpoint, fmt.Sprintf("reset-%02d", i)))
 		}
 		during, err := sessionCount(ctx, mon)
 		Expect(err).NotTo(HaveOccurred(), "read CurrentSessionCount")
@@ -734,5 +740,6 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 				Kinds:     []history.Kind{history.KindRead, history.KindSlowRead}, Bucket: 250 * time.Millisecond, MinRatio: minRatio,
 			}},
 		}, counted...)...)
-	}, spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)))
+	}, spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)),
+		spec.Entries(secured, nil, SpecTimeout(2*time.Minute), spec.Nightly))
 })
