@@ -13,15 +13,17 @@ import (
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/report"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/secure"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
-// openSession opens a session on endpoint and closes it when the spec ends.
-func openSession(ctx context.Context, endpoint string) *uaclient.Client {
+// openSession opens a session on endpoint (with the channel security of
+// opts, None by default) and closes it when the spec ends.
+func openSession(ctx context.Context, endpoint string, opts ...uaclient.Option) *uaclient.Client {
 	GinkgoHelper()
-	c, err := uaclient.Open(ctx, endpoint)
+	c, err := uaclient.Open(ctx, endpoint, opts...)
 	Expect(err).NotTo(HaveOccurred(), "open session")
 	DeferCleanup(func(ctx context.Context) { _ = c.Close(ctx) }, NodeTimeout(10*time.Second))
 	return c
@@ -72,6 +74,30 @@ func burst(ctx context.Context, c *uaclient.Client, node *ua.NodeID, total, work
 	return time.Since(begin), first
 }
 
+// readsStatus is the spec that reads ServerStatus through the proxy and
+// directly, every session on cond's channel security: under a security
+// mode, the sessions' endpoints must be of that mode.
+func readsStatus(cond toxics.Condition) func(SpecContext) {
+	return func(ctx SpecContext) {
+		sec, err := h.Security(cond)
+		Expect(err).NotTo(HaveOccurred(), "channel security of %s", cond.Name)
+		e, err := h.StartUnder(ctx, cond)
+		Expect(err).NotTo(HaveOccurred(), "start environment")
+		c := openSession(ctx, e.Endpoint, uaclient.Security(sec))
+		v, err := uaclient.ReadValue(ctx, c, uaclient.ServerStatusState)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(v.Value()).To(BeEquivalentTo(0), "ServerState Running")
+
+		direct := openSession(ctx, e.DirectEndpoint, uaclient.Security(sec))
+		_, err = uaclient.ReadValue(ctx, direct, uaclient.ServerStatusCurrentTime)
+		Expect(err).NotTo(HaveOccurred(), "read on the direct endpoint")
+		ep := c.Session().Endpoint
+		Expect(ep.SecurityMode).To(Equal(sec.MessageMode()), "the session's endpoint: %v %s", ep.SecurityMode, secure.ShortPolicy(ep.SecurityPolicyURI))
+		spec.Record(report.Result{Property: "smoke", Condition: cond.Name, Verdict: report.Pass,
+			Detail: fmt.Sprintf("ServerStatus read through the proxy and directly (%v %s)", ep.SecurityMode, secure.ShortPolicy(ep.SecurityPolicyURI))})
+	}
+}
+
 // start starts the spec's environment. Specs call it after requiring what
 // they need of the target, so that a spec the target cannot run is skipped
 // before anything starts; their timeouts include a minute for it.
@@ -83,19 +109,12 @@ func start(ctx context.Context) *env.Env {
 }
 
 var _ = Describe("Smoke", Label("property:smoke"), func() {
-	It("reads ServerStatus through the proxy", spec.Condition("baseline"), func(ctx SpecContext) {
-		e := start(ctx)
-		c := openSession(ctx, e.Endpoint)
-		v, err := uaclient.ReadValue(ctx, c, uaclient.ServerStatusState)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(v.Value()).To(BeEquivalentTo(0), "ServerState Running")
+	It("reads ServerStatus through the proxy", spec.Condition(toxics.Baseline.Name), readsStatus(toxics.Baseline), SpecTimeout(2*time.Minute))
 
-		direct := openSession(ctx, e.DirectEndpoint)
-		_, err = uaclient.ReadValue(ctx, direct, uaclient.ServerStatusCurrentTime)
-		Expect(err).NotTo(HaveOccurred(), "read on the direct endpoint")
-		spec.Record(report.Result{Property: "smoke", Condition: "baseline", Verdict: report.Pass,
-			Detail: "ServerStatus read through the proxy and directly"})
-	}, SpecTimeout(2*time.Minute))
+	// the CI profile's proof that every client path opens SignAndEncrypt
+	// channels: a second, two sessions long
+	secured := toxics.Baseline.WithSecurity(toxics.SecuritySignEncrypt)
+	It("reads ServerStatus through the proxy on SignAndEncrypt channels", spec.Condition(secured.Name), readsStatus(secured), SpecTimeout(2*time.Minute))
 
 	It("adds 40–60 ms of median read latency under a 50 ms downstream latency toxic, and loses it when removed", spec.Condition("latency"), func(ctx SpecContext) {
 		e := start(ctx)
