@@ -172,8 +172,13 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 		granted, session := lt.Channel, lt.Session
 		part, err := nemesis.PartitionFor(lt)
 		Expect(err).NotTo(HaveOccurred(), "a partition between the granted channel lifetime and session timeout")
+		// The sessions authenticate so that the transfer is one Part 4
+		// allows: the same user, or anonymous over Sign/SignAndEncrypt.
+		as, noTransfer, err := transferAs(&cfg, cond)
+		Expect(err).NotTo(HaveOccurred(), "the sessions' identity for the transfer")
+		GinkgoWriter.Printf("sessions: %s\n", as)
 		rec := h.NewRecorder(map[string]string{"condition": cond.Name, "partition": part.String(),
-			"channel_lifetime": granted.String(), "session_timeout": session.String()})
+			"channel_lifetime": granted.String(), "session_timeout": session.String(), "sessions_as": as})
 		_, err = spec.Apply(ctx, e, rec, cond)
 		Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
 
@@ -236,7 +241,10 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 		// and the check reads skip (the row partial), a refused transfer
 		// fails it.
 		owner := c2
-		if err := sub.Transfer(ctx, c2); err != nil {
+		if noTransfer != "" {
+			GinkgoWriter.Printf("no transfer: %s: the stream stays on the first session\n", noTransfer)
+			owner = c1
+		} else if err := sub.Transfer(ctx, c2); err != nil {
 			GinkgoWriter.Printf("%v: the stream stays on the first session\n", err)
 			owner = c1
 		} else {
@@ -247,6 +255,9 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 		GinkgoWriter.Printf("publish loop of the stream's session: %v\n", stop())
 		_, err = sub.Recover(ctx, owner)
 		Expect(err).NotTo(HaveOccurred(), "republish after the transfer")
+
+		By("asking for the subscription from an anonymous session over None, which Part 4 refuses")
+		anonymousTransfer(ctx, rec, e.Endpoint, sub)
 
 		By(fmt.Sprintf("killing the server with SIGKILL for %v and restarting it", down))
 		Expect(c2.Read(ctx)).To(Succeed(), "read before the kill")
@@ -284,7 +295,8 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 			check.Spec{Name: "transfer-stream", Config: check.TransferConfig{Subscriptions: []string{sub.Label}, Stream: check.SamplingConfig{
 				Span:     check.Span{From: judgedFrom, To: transferAt + streamed - 500*time.Millisecond},
 				Interval: sampling, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.95, MaxGap: maxGap,
-			}}},
+			}, Skip: noTransfer}},
+			check.Spec{Name: "transfer-refusal", Config: check.TransferRefusalConfig{}},
 			servesAgain, quiet,
 		)
 	}, spec.Entries(toxics.CI(), catches, SpecTimeout(3*time.Minute)))
