@@ -138,6 +138,16 @@ clean: $(CHAOS) ## remove containers, networks, images of ended runs of this pro
 faults: $(CHAOS) ## prove each server fault is caught: its specs pass without it, fail with it (FAULTS, SEED)
 	@$(CHAOS) faults $(if $(SEED),-seed $(SEED)) $(FAULTS)
 
+# `make quirks`: the baseline rows of every suite against the reference
+# server with each quirk (a conformant variation: server.AllQuirks) on;
+# QUIRKS="a b" narrows it. Fails on a false alarm (a spec that fails a
+# property under a quirk) or a skip that does not name the quirk's cause.
+# Writes reports/quirks-<time>.md and .json.
+QUIRKS        ?=
+.PHONY: quirks
+quirks: $(CHAOS) ## prove the suites judge by the specification: no spec fails under a conformant quirk of the server (QUIRKS, SEED)
+	@$(CHAOS) quirks $(if $(SEED),-seed $(SEED)) $(QUIRKS)
+
 # The HTML pages, offline from saved reports: a run folder's
 # report.html, a fault matrix's faults-<time>.html (DIR=reports/faults-….json)
 # or the trend page (DIR=reports/trend.jsonl).
