@@ -303,7 +303,7 @@ func robustness(ctx SpecContext, cond toxics.Condition) {
 			w.Memory(ctx)
 			memBack = check.Settle(rec.History(), memoryCheck(baseline, from, nil)).Verdict != check.Fail
 			back := n >= 0 && n <= baseSessions || baseSessions < 0 || !alive
-			if back && memBack && time.Since(settled) >= after {
+			if back && (memBack || !alive) && time.Since(settled) >= after {
 				break
 			}
 			sleep(ctx, 500*time.Millisecond)
