@@ -36,7 +36,10 @@ const (
 // quirk min-sampling-50ms.
 const MinSamplingQuirk = 50 * time.Millisecond
 
-// AllQuirks lists every quirk switch.
+// AllQuirks lists every quirk switch. There is no one-event-loop quirk
+// (every session served by one loop, as open62541 does): seen from the
+// wire it is the fault serial-dispatch, a slow read holding up every other
+// session, which the wakeups suite and discovery rightly report.
 var AllQuirks = []Quirk{QuirkNoCertOnNone, QuirkMinSampling50ms, QuirkRetainFreedMemory}
 
 // Quirks is a set of enabled quirk switches.
