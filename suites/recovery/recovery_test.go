@@ -117,14 +117,15 @@ func keepReading(ctx context.Context, c *reconnect.Client, d time.Duration) (rec
 // partition between the two (where a server's channel minimum is near the
 // session timeout asked for, a longer session is asked for). It returns
 // the configuration of client, through the proxy, with that session
-// timeout.
-func start(ctx context.Context, client string) (*env.Env, reconnect.Config, nemesis.Lifetimes) {
+// timeout. The environment's own clients (its watchers) use cond's
+// channel security; the spec sets its reconnecting clients' (transferAs).
+func start(ctx context.Context, cond toxics.Condition, client string) (*env.Env, reconnect.Config, nemesis.Lifetimes) {
 	GinkgoHelper()
 	var opts []env.Option
 	if isReference() {
 		opts = append(opts, env.WithServerEnv(map[string]string{"OPCUA_MIN_CHANNEL_LIFETIME": referenceMinLifetime}))
 	}
-	e, err := h.Start(ctx, opts...)
+	e, err := h.StartUnder(ctx, cond, opts...)
 	Expect(err).NotTo(HaveOccurred(), "start environment")
 	cfg := reconnect.Config{Endpoint: e.DirectEndpoint, Client: client, SessionTimeout: sessionTimeout, ChannelLifetime: channelLifetime}
 	granted, session, err := reconnect.Granted(ctx, cfg)
@@ -168,7 +169,7 @@ func run(ctx context.Context, sub *reconnect.Subscription, c *reconnect.Client) 
 var _ = Describe("Recovery after broken connections and restarts", spec.Property(property), func() {
 	DescribeTable("takes its session to a new channel after a partition, republishes what it lost, transfers its subscription without a gap and serves again after kill -9", func(ctx SpecContext, cond toxics.Condition) {
 		h.Require(spec.Needs(cond)...)
-		e, cfg, lt := start(ctx, "c1")
+		e, cfg, lt := start(ctx, cond, "c1")
 		granted, session := lt.Channel, lt.Session
 		part, err := nemesis.PartitionFor(lt)
 		Expect(err).NotTo(HaveOccurred(), "a partition between the granted channel lifetime and session timeout")
@@ -306,7 +307,10 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 			check.Spec{Name: "transfer-refusal", Config: check.TransferRefusalConfig{}},
 			servesAgain, quiet,
 		)
-	}, spec.Entries(toxics.CI(), catches, SpecTimeout(3*time.Minute)))
+	}, spec.Entries(toxics.CI(), catches, SpecTimeout(3*time.Minute)),
+		// anonymous sessions over SignAndEncrypt: the transfer Part 4
+		// allows without a user
+		spec.Entries(toxics.Secured(toxics.SecuritySignEncrypt, toxics.Baseline), nil, SpecTimeout(3*time.Minute), spec.Nightly))
 
 	// With fault no-reactivate, process-reactivation fails ("a new session
 	// … was created … instead of reactivating the old one") where the
@@ -314,7 +318,7 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 	// whose seed may draw none: the CI spec above is.
 	It("keeps serving a reconnecting client through a seeded schedule of pauses, kills, SIGTERMs, partitions and toxics", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
 		soak := spec.SoakFor()
-		e, cfg, lt := start(ctx, "reader")
+		e, cfg, lt := start(ctx, toxics.Scheduled, "reader")
 		granted, session := lt.Channel, lt.Session
 		steps, err := nemesis.ProcessSchedule(GinkgoRandomSeed(), soak-5*time.Second, lt)
 		Expect(err).NotTo(HaveOccurred(), "draw the schedule")
