@@ -132,6 +132,16 @@ const (
 	// response is pending instead of at LowMark: the pipeline drains
 	// empty before the server reads again, in bursts.
 	FaultLateResume Fault = "late-resume"
+	// FaultCryptoInGate signs and encrypts a secured channel's responses
+	// holding the channel's send gate, and has the reader take the gate to
+	// verify and decrypt a request and keep it while it hands the request
+	// to a worker; the workers send their own responses, so they wait for
+	// the gate, and handing over waits for a free worker. Under a deep
+	// pipeline over Sign or SignAndEncrypt the channels STALL (readers
+	// hold gates waiting for workers, workers wait for those gates: .NET's
+	// "SendResponse blocked workers on the channel gate"); under None the
+	// reader never takes the gate and nothing changes.
+	FaultCryptoInGate Fault = "crypto-in-gate"
 )
 
 // Parameters of the fault switches.
@@ -155,7 +165,7 @@ var AllFaults = []Fault{
 	FaultSamplerSkips, FaultCloseRunsQueued, FaultLostResponse, FaultRetainMemory,
 	FaultSlowLeak,
 	FaultRepublishForgets, FaultNoReactivate, FaultTransferDrops,
-	FaultLateResume,
+	FaultLateResume, FaultCryptoInGate,
 }
 
 // Faults is a set of enabled fault switches.
@@ -324,6 +334,9 @@ type Config struct {
 	Faults Faults
 	// Quirks are the enabled quirk switches: conformant variations.
 	Quirks Quirks
+	// Security is the set of message security modes offered (nil: all of
+	// None, Sign and SignAndEncrypt; see ParseSecurityModes).
+	Security SecurityModes
 	// Logger receives the server's log; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -342,6 +355,7 @@ type Config struct {
 //	OPCUA_COUNTERS                    SampledCounter/FastCounter nodes (4096)
 //	OPCUA_FAULTS                      fault switches, comma separated
 //	OPCUA_QUIRKS                      quirk switches, comma separated
+//	OPCUA_SECURITY                    modes offered: none,sign,sign-encrypt (all)
 //	OPCUA_MAX_CONNECTIONS             open connections (1000)
 //	OPCUA_HANDSHAKE_TIMEOUT           connect to first OpenSecureChannel (10s)
 //	OPCUA_MIN_CHANNEL_LIFETIME        shortest channel token lifetime granted (10s)
@@ -470,6 +484,9 @@ func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 	}
 	if cfg.Quirks, err = ParseQuirks(*quirks); err != nil {
 		return cfg, fmt.Errorf("OPCUA_QUIRKS: %v", err)
+	}
+	if cfg.Security, err = ParseSecurityModes(getenv("OPCUA_SECURITY")); err != nil {
+		return cfg, fmt.Errorf("OPCUA_SECURITY: %v", err)
 	}
 	return cfg, nil
 }

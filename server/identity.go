@@ -25,6 +25,10 @@ import (
 const (
 	PolicyAnonymous = "refserver-anonymous"
 	PolicyUserName  = "refserver-username-basic256sha256"
+	// PolicyUserNameChannel is the user-name token policy of the secured
+	// endpoints: its SecurityPolicyUri is empty, so the password is
+	// encrypted with the secure channel's policy (Part 4, 7.41).
+	PolicyUserNameChannel = "refserver-username-channel"
 )
 
 // UserNameSecurityPolicy is the security policy of the user-name token
@@ -42,7 +46,11 @@ const (
 // user-name token secrets with its key.
 type credentials struct {
 	cert    []byte // DER
+	key     *rsa.PrivateKey
 	userEnc *uapolicy.EncryptionAlgorithm
+	// policyEnc decrypts secrets encrypted with a secured policy's
+	// asymmetric algorithm, by policy URI.
+	policyEnc map[string]*uapolicy.EncryptionAlgorithm
 }
 
 // thumbprint returns the certificate's SHA-1 thumbprint in hex, as OPC UA
@@ -72,7 +80,13 @@ func newCredentials(key *rsa.PrivateKey, cert []byte) (credentials, error) {
 	if err != nil {
 		return cr, fmt.Errorf("server: %w", err)
 	}
-	return credentials{cert: cert, userEnc: enc}, nil
+	policyEnc := make(map[string]*uapolicy.EncryptionAlgorithm, len(SecurityPolicies))
+	for _, p := range SecurityPolicies {
+		if policyEnc[p], err = uapolicy.Asymmetric(p, key, nil); err != nil {
+			return cr, fmt.Errorf("server: %w", err)
+		}
+	}
+	return credentials{cert: cert, key: key, userEnc: enc, policyEnc: policyEnc}, nil
 }
 
 // checkCertificate checks that key is valid, cert is key's, of a size
@@ -137,14 +151,23 @@ func selfSigned(now time.Time) (*rsa.PrivateKey, []byte, error) {
 	return key, der, nil
 }
 
-// tokenPolicies are the user token policies of the endpoint.
-func (s *Server) tokenPolicies() []*ua.UserTokenPolicy {
+// tokenPolicies are the user token policies of an endpoint with
+// SecurityPolicy policy: on a secured endpoint the password is encrypted
+// with the channel's policy (PolicyUserNameChannel), on the None endpoint
+// with Basic256Sha256 (PolicyUserName).
+func (s *Server) tokenPolicies(policy string) []*ua.UserTokenPolicy {
 	var tokens []*ua.UserTokenPolicy
 	if !s.cfg.NoAnonymous {
 		tokens = append(tokens, &ua.UserTokenPolicy{
 			PolicyID:          PolicyAnonymous,
 			TokenType:         ua.UserTokenTypeAnonymous,
 			SecurityPolicyURI: ua.SecurityPolicyURINone,
+		})
+	}
+	if policy != ua.SecurityPolicyURINone {
+		return append(tokens, &ua.UserTokenPolicy{
+			PolicyID:  PolicyUserNameChannel,
+			TokenType: ua.UserTokenTypeUserName,
 		})
 	}
 	return append(tokens, &ua.UserTokenPolicy{
@@ -165,7 +188,12 @@ func (s *Server) tokenPolicies() []*ua.UserTokenPolicy {
 //     policy's algorithm, a secret that does not decrypt, a bad length
 //     field or a nonce that is not the session's: BadIdentityTokenInvalid;
 //   - an unknown user or a wrong password: BadUserAccessDenied.
-func (s *Server) authenticate(eo *ua.ExtensionObject, nonce []byte) (user string, code ua.StatusCode, why string) {
+//
+// channelPolicy is the SecurityPolicy of the secure channel the request
+// came on: PolicyUserNameChannel passwords are encrypted with it (and are
+// refused on a None channel), PolicyUserName passwords with
+// Basic256Sha256 on any channel.
+func (s *Server) authenticate(eo *ua.ExtensionObject, nonce []byte, channelPolicy string) (user string, code ua.StatusCode, why string) {
 	var tok any
 	if eo != nil {
 		tok = eo.Value
@@ -185,10 +213,15 @@ func (s *Server) authenticate(eo *ua.ExtensionObject, nonce []byte) (user string
 		}
 		return "", ua.StatusOK, ""
 	case *ua.UserNameIdentityToken:
-		if t.PolicyID != PolicyUserName {
+		enc := s.creds.userEnc
+		switch {
+		case t.PolicyID == PolicyUserName:
+		case t.PolicyID == PolicyUserNameChannel && s.creds.policyEnc[channelPolicy] != nil:
+			enc = s.creds.policyEnc[channelPolicy]
+		default:
 			return "", ua.StatusBadIdentityTokenInvalid, fmt.Sprintf("user-name token with unknown PolicyId %q", t.PolicyID)
 		}
-		password, why := s.userPassword(t, nonce)
+		password, why := s.userPassword(t, nonce, enc)
 		if why != "" {
 			return "", ua.StatusBadIdentityTokenInvalid, why
 		}
@@ -204,16 +237,16 @@ func (s *Server) authenticate(eo *ua.ExtensionObject, nonce []byte) (user string
 
 // userPassword decrypts a user-name token's legacy encrypted secret: the
 // 4-byte little-endian length of password and nonce, the password and the
-// server nonce, encrypted with the server certificate's key. It returns the
-// password, or why the secret is invalid.
-func (s *Server) userPassword(t *ua.UserNameIdentityToken, nonce []byte) ([]byte, string) {
-	if alg := s.creds.userEnc.EncryptionURI(); t.EncryptionAlgorithm != alg {
+// server nonce, encrypted with the server certificate's key by enc's
+// algorithm. It returns the password, or why the secret is invalid.
+func (s *Server) userPassword(t *ua.UserNameIdentityToken, nonce []byte, enc *uapolicy.EncryptionAlgorithm) ([]byte, string) {
+	if alg := enc.EncryptionURI(); t.EncryptionAlgorithm != alg {
 		if t.EncryptionAlgorithm == "" {
-			return nil, "password not encrypted (policy " + PolicyUserName + " needs " + alg + ")"
+			return nil, "password not encrypted (policy " + t.PolicyID + " needs " + alg + ")"
 		}
 		return nil, fmt.Sprintf("encryption algorithm %q, want %q", t.EncryptionAlgorithm, alg)
 	}
-	plain, err := s.creds.userEnc.Decrypt(t.Password)
+	plain, err := enc.Decrypt(t.Password)
 	if err != nil || len(plain) < 4 {
 		return nil, "secret does not decrypt with the server key"
 	}

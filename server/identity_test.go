@@ -407,7 +407,7 @@ func BenchmarkAuthenticate(b *testing.B) {
 		eo := ua.NewExtensionObject(bc.tok)
 		b.Run(bc.name, func(b *testing.B) {
 			for b.Loop() {
-				if _, code, why := srv.authenticate(eo, nonce); code != ua.StatusOK {
+				if _, code, why := srv.authenticate(eo, nonce, ua.SecurityPolicyURINone); code != ua.StatusOK {
 					b.Fatal(code, why)
 				}
 			}

@@ -1,6 +1,9 @@
 package server
 
 import (
+	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -206,4 +209,80 @@ func (l *loginThrottle) makeRoom(now time.Time) {
 		}
 		delete(l.peers, ip)
 	}
+}
+
+// SecurityModes is the set of message security modes the server offers
+// (OPCUA_SECURITY). Sign and SignAndEncrypt are offered with every policy
+// of SecurityPolicies.
+type SecurityModes map[ua.MessageSecurityMode]bool
+
+// SecurityPolicies are the security policies of the secured endpoints,
+// weakest first.
+var SecurityPolicies = []string{
+	ua.SecurityPolicyURIBasic256Sha256,
+	ua.SecurityPolicyURIAes128Sha256RsaOaep,
+	ua.SecurityPolicyURIAes256Sha256RsaPss,
+}
+
+// securityModeNames are the names of OPCUA_SECURITY.
+var securityModeNames = []struct {
+	name string
+	mode ua.MessageSecurityMode
+}{
+	{"none", ua.MessageSecurityModeNone},
+	{"sign", ua.MessageSecurityModeSign},
+	{"sign-encrypt", ua.MessageSecurityModeSignAndEncrypt},
+}
+
+// ParseSecurityModes parses a comma separated list of "none", "sign" and
+// "sign-encrypt"; "" means all three.
+func ParseSecurityModes(s string) (SecurityModes, error) {
+	names := splitList(s)
+	if len(names) == 0 {
+		return nil, nil
+	}
+	ms := SecurityModes{}
+	for _, name := range names {
+		i := slices.IndexFunc(securityModeNames, func(n struct {
+			name string
+			mode ua.MessageSecurityMode
+		}) bool {
+			return n.name == name
+		})
+		if i < 0 {
+			return nil, fmt.Errorf("unknown security mode %q (valid: none, sign, sign-encrypt)", name)
+		}
+		ms[securityModeNames[i].mode] = true
+	}
+	return ms, nil
+}
+
+// Has reports whether mode is offered (a nil set offers all).
+func (ms SecurityModes) Has(mode ua.MessageSecurityMode) bool {
+	if ms == nil {
+		return mode == ua.MessageSecurityModeNone || mode == ua.MessageSecurityModeSign || mode == ua.MessageSecurityModeSignAndEncrypt
+	}
+	return ms[mode]
+}
+
+// String lists the offered modes by name, comma separated.
+func (ms SecurityModes) String() string {
+	var names []string
+	for _, n := range securityModeNames {
+		if ms.Has(n.mode) {
+			names = append(names, n.name)
+		}
+	}
+	return strings.Join(names, ",")
+}
+
+// offers reports whether the server offers policy with mode.
+func (s *Server) offers(policy string, mode ua.MessageSecurityMode) bool {
+	if !s.cfg.Security.Has(mode) {
+		return false
+	}
+	if mode == ua.MessageSecurityModeNone {
+		return policy == ua.SecurityPolicyURINone
+	}
+	return slices.Contains(SecurityPolicies, policy)
 }

@@ -400,6 +400,9 @@ type conn struct {
 	queued      queued          // its requests in the fair queue
 	maxResponse int             // largest response the client accepts
 	reads       atomic.Int64    // Reads executed (the lost-response fault counts them)
+	// security returns the channel's security (None until a secured
+	// OpenSecureChannel was served).
+	security func() channel.ChannelSecurity
 }
 
 func (s *Server) serveConn(ctx context.Context, c net.Conn) {
@@ -444,6 +447,12 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 		Decoder:   s.decoder,
 		Unguarded: crash,
 		Logger:    s.log.With("channel", id, "remote", remote),
+		Security: &channel.Security{
+			Certificate: s.creds.cert,
+			PrivateKey:  s.creds.key,
+			Offers:      s.offers,
+		},
+		CryptoInGate: s.cfg.Faults.Has(FaultCryptoInGate),
 	})
 	if err != nil {
 		s.log.Debug("handshake failed", "remote", remote, "err", err)
@@ -455,7 +464,7 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	cn := &conn{id: id, remoteIP: host, endpointURL: t.EndpointURL, localAddr: local, ctx: ctx, maxResponse: t.MaxResponseSize}
+	cn := &conn{id: id, remoteIP: host, endpointURL: t.EndpointURL, localAddr: local, ctx: ctx, maxResponse: t.MaxResponseSize, security: t.Security}
 	cn.queued.jobs = make(map[*job]struct{})
 
 	s.stats.channels.Add(1)

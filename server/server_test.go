@@ -320,8 +320,14 @@ func TestGetEndpointsAdvertisesRequestedURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	eps := resp.(*ua.GetEndpointsResponse).Endpoints
-	if len(eps) != 1 || eps[0].EndpointURL != viaProxy || eps[0].SecurityMode != ua.MessageSecurityModeNone {
+	// None, then Sign and SignAndEncrypt for each of three policies.
+	if len(eps) != 1+2*len(SecurityPolicies) || eps[0].SecurityMode != ua.MessageSecurityModeNone {
 		t.Fatalf("endpoints = %+v", eps)
+	}
+	for _, ep := range eps {
+		if ep.EndpointURL != viaProxy {
+			t.Errorf("endpoint %s %v: URL %q, want %q", ep.SecurityPolicyURI, ep.SecurityMode, ep.EndpointURL, viaProxy)
+		}
 	}
 	var got []string
 	for _, p := range eps[0].UserIdentityTokens {

@@ -1,11 +1,14 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/gopcua/opcua/ua"
+	"github.com/gopcua/opcua/uapolicy"
 
 	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/session"
@@ -175,37 +178,110 @@ func (s *Server) application(url string) *ua.ApplicationDescription {
 }
 
 // endpoints advertises url (the URL the client used, so clients behind a
-// proxy keep using the proxy) with SecurityPolicy None, the server
-// certificate and the token policies.
+// proxy keep using the proxy) with SecurityPolicy None and, for each of
+// SecurityPolicies, Sign and SignAndEncrypt, as far as Config.Security
+// offers them: each with the server certificate, its SecurityLevel and
+// its token policies.
 func (s *Server) endpoints(url string) []*ua.EndpointDescription {
-	return []*ua.EndpointDescription{{
-		EndpointURL:         url,
-		Server:              s.application(url),
-		ServerCertificate:   s.creds.cert,
-		SecurityMode:        ua.MessageSecurityModeNone,
-		SecurityPolicyURI:   ua.SecurityPolicyURINone,
-		UserIdentityTokens:  s.tokenPolicies(),
-		TransportProfileURI: transportUABin,
-	}}
+	var eps []*ua.EndpointDescription
+	add := func(policy string, mode ua.MessageSecurityMode, level uint8) {
+		if !s.offers(policy, mode) {
+			return
+		}
+		eps = append(eps, &ua.EndpointDescription{
+			EndpointURL:         url,
+			Server:              s.application(url),
+			ServerCertificate:   s.creds.cert,
+			SecurityMode:        mode,
+			SecurityPolicyURI:   policy,
+			UserIdentityTokens:  s.tokenPolicies(policy),
+			TransportProfileURI: transportUABin,
+			SecurityLevel:       level,
+		})
+	}
+	add(ua.SecurityPolicyURINone, ua.MessageSecurityModeNone, 0)
+	for _, p := range SecurityPolicies {
+		for _, m := range []ua.MessageSecurityMode{ua.MessageSecurityModeSign, ua.MessageSecurityModeSignAndEncrypt} {
+			add(p, m, uapolicy.SecurityLevel(p, m))
+		}
+	}
+	return eps
 }
 
+// createSession serves CreateSession. On a secured channel the client
+// certificate, if sent, must be the channel's (Part 4, 5.6.2:
+// BadCertificateInvalid otherwise), the client nonce at least 32 bytes
+// (BadNonceInvalid), and the response carries the server's signature over
+// the client certificate and nonce. On a None channel whose mode is not
+// offered, only discovery is served: BadSecurityModeRejected.
 func (s *Server) createSession(cn *conn, r *ua.CreateSessionRequest, now time.Time) ua.Response {
+	sec := cn.security()
+	if !s.offers(sec.PolicyURI, sec.Mode) {
+		return s.fault(r, ua.StatusBadSecurityModeRejected)
+	}
+	sig := &ua.SignatureData{}
+	if sec.Secured() {
+		if len(r.ClientCertificate) > 0 && !bytes.Equal(r.ClientCertificate, sec.ClientCertificate) {
+			s.log.Info("session refused: client certificate is not the channel's", "channel", cn.id)
+			return s.fault(r, ua.StatusBadCertificateInvalid)
+		}
+		if len(r.ClientNonce) < session.NonceSize {
+			return s.fault(r, ua.StatusBadNonceInvalid)
+		}
+		b, err := sec.Asymmetric.Signature(append(bytes.Clone(sec.ClientCertificate), r.ClientNonce...))
+		if err != nil {
+			s.log.Error("cannot sign the session", "channel", cn.id, "err", err)
+			return s.fault(r, ua.StatusBadInternalError)
+		}
+		sig = &ua.SignatureData{Algorithm: sec.Asymmetric.SignatureURI(), Signature: b}
+	}
 	timeout := time.Duration(r.RequestedSessionTimeout * float64(time.Millisecond))
 	sess := s.sessions.Create(r.SessionName, timeout, now)
 	if sess == nil {
 		return s.fault(r, ua.StatusBadTooManySessions)
 	}
+	var appURI string
+	if r.ClientDescription != nil {
+		appURI = r.ClientDescription.ApplicationURI
+	}
+	sess.SetClient(appURI)
 	s.log.Debug("session created", "session", sess.ID.String(), "name", sess.Name, "timeout", sess.Timeout, "channel", cn.id)
+	cert := s.creds.cert
+	if s.cfg.Quirks.Has(QuirkNoCertOnNone) && !sec.Secured() && len(r.ClientCertificate) == 0 {
+		// Quirk no-cert-on-none: like open62541, no certificate on a None
+		// channel to a client that sent none (GetEndpoints still has it).
+		cert = nil
+	}
 	return &ua.CreateSessionResponse{
 		ResponseHeader:        respHeader(r, ua.StatusOK),
 		SessionID:             sess.ID,
 		AuthenticationToken:   sess.Token,
 		RevisedSessionTimeout: float64(sess.Timeout / time.Millisecond),
 		ServerNonce:           sess.ServerNonce(),
-		ServerCertificate:     s.creds.cert,
+		ServerCertificate:     cert,
 		ServerEndpoints:       s.endpoints(s.endpointURL(cn, r.EndpointURL)),
-		ServerSignature:       &ua.SignatureData{},
+		ServerSignature:       sig,
 	}
+}
+
+// clientSignature checks ActivateSession's ClientSignature on a secured
+// channel: the client's signature, with the channel's policy, over the
+// server certificate and the session's last server nonce. It returns why
+// it fails, "" when it holds or the channel is None.
+func (s *Server) clientSignature(sec channel.ChannelSecurity, sig *ua.SignatureData, nonce []byte) string {
+	if !sec.Secured() {
+		return ""
+	}
+	if sig == nil || len(sig.Signature) == 0 {
+		return "no client signature"
+	}
+	if sig.Algorithm != sec.Asymmetric.SignatureURI() {
+		return fmt.Sprintf("client signature algorithm %q, want %q", sig.Algorithm, sec.Asymmetric.SignatureURI())
+	}
+	if err := sec.Asymmetric.VerifySignature(append(bytes.Clone(s.creds.cert), nonce...), sig.Signature); err != nil {
+		return "client signature does not verify"
+	}
+	return ""
 }
 
 // activateSession checks the identity token against the session's last
@@ -218,7 +294,13 @@ func (s *Server) activateSession(cn *conn, r *ua.ActivateSessionRequest, now tim
 	}
 	sess.Touch(now)
 	nonce := sess.ServerNonce()
-	user, code, why := s.authenticate(r.UserIdentityToken, nonce)
+	sec := cn.security()
+	if why := s.clientSignature(sec, r.ClientSignature, nonce); why != "" {
+		s.stats.securityRejected.Add(1)
+		s.log.Info("activation rejected", "session", sess.ID.String(), "status", ua.StatusBadApplicationSignatureInvalid, "reason", why)
+		return s.fault(r, ua.StatusBadApplicationSignatureInvalid)
+	}
+	user, code, why := s.authenticate(r.UserIdentityToken, nonce, sec.PolicyURI)
 	if activated, _, chID := sess.State(); code == ua.StatusOK && activated && chID != cn.id && s.cfg.Faults.Has(FaultNoReactivate) {
 		// Fault no-reactivate: the session stays bound to its old channel.
 		code, why = ua.StatusBadSecureChannelIDInvalid, "session bound to another channel"

@@ -133,6 +133,16 @@ type Channel struct {
 	done    chan struct{} // closed when the channel is closed
 	stats   Stats
 	closeMu sync.Once
+
+	gate gated           // the transport's gate, if it has one
+	ctx  context.Context // Run's; SendNow writes with it
+}
+
+// gated is a transport whose reader may hold its send gate for the request
+// it returned (the crypto-in-gate fault): the channel releases it once the
+// request's handler returned.
+type gated interface {
+	ReleaseGate()
 }
 
 // New returns a channel over t. Call Run to serve it.
@@ -146,7 +156,10 @@ func New(t Transport, opts Options) *Channel {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	g, _ := t.(gated)
 	return &Channel{
+		gate:  g,
+		ctx:   context.Background(), // replaced by Run's
 		stats: Stats{LowestResume: -1},
 		t:     t,
 		opts:  opts,
@@ -171,6 +184,9 @@ func (c *Channel) Stats() Stats {
 // Responses arriving after Run returned are dropped.
 func (c *Channel) Run(ctx context.Context, h Handler) error {
 	ctx, cancel := context.WithCancel(ctx)
+	c.mu.Lock()
+	c.ctx = ctx
+	c.mu.Unlock()
 	var wg sync.WaitGroup
 	// Deferred, so that a panic on the reader (the crash-on-decode fault
 	// lets one through) still stops the writer.
@@ -240,6 +256,9 @@ func (c *Channel) readLoop(ctx context.Context, h Handler) error {
 			return ErrOverflow
 		}
 		c.dispatch(h, msg)
+		if c.gate != nil {
+			c.gate.ReleaseGate()
+		}
 	}
 }
 
@@ -350,6 +369,37 @@ func (c *Channel) Respond(reqID uint32, resp ua.Response) {
 	select {
 	case c.kick <- struct{}{}:
 	default:
+	}
+}
+
+// SendNow writes the response to request reqID from the calling goroutine,
+// past the writer, and blocks until it is written: the crypto-in-gate
+// fault's workers send their own responses, as .NET's SendResponse does on
+// a pool thread, and wait for the transport's send gate. After Fail or
+// close the response is dropped; a failed write closes the channel.
+func (c *Channel) SendNow(reqID uint32, resp ua.Response) {
+	c.mu.Lock()
+	if c.closed || c.failed != 0 {
+		c.stats.Dropped++
+		c.release(1)
+		c.mu.Unlock()
+		return
+	}
+	ctx := c.ctx
+	c.mu.Unlock()
+	err := c.t.Send(ctx, reqID, resp)
+	c.mu.Lock()
+	if err != nil {
+		c.stats.Dropped++
+		c.retire(1)
+	} else {
+		c.stats.Written++
+		c.release(1)
+	}
+	c.mu.Unlock()
+	if err != nil {
+		c.log.Debug("channel write failed", "err", err)
+		c.close()
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
+	"github.com/gopcua/opcua/uapolicy"
 
 	"github.com/opcua-chaos/opcua-chaos/server/internal/uabin"
 )
@@ -103,6 +104,14 @@ type Config struct {
 	Unguarded bool
 	// Logger receives protocol errors; nil means slog.Default().
 	Logger *slog.Logger
+	// Security lets clients open secured channels (Sign, SignAndEncrypt);
+	// nil accepts SecurityPolicy None only (BadSecurityPolicyRejected).
+	Security *Security
+	// CryptoInGate is the crypto-in-gate fault: on a secured channel the
+	// reader takes the send gate to verify and decrypt a request and keeps
+	// it until the request's handler returned (see ReleaseGate), and
+	// responses are signed and encrypted holding the gate.
+	CryptoInGate bool
 }
 
 // Frame and header sizes of UA Secure Conversation with SecurityPolicy None.
@@ -151,8 +160,27 @@ type SecureTransport struct {
 	bufChunks int // intermediate chunks held in partial
 	bufBytes  int // their bytes
 
-	sendMu sync.Mutex // one message at a time: chunks of two never interleave
-	seq    uint32     // last sequence number sent; sendMu held
+	// sendMu is the send gate of a None channel: one message at a time,
+	// sequence numbers and write together, so chunks of two never
+	// interleave. Secured channels order their writes by ticket instead
+	// (reserve, writeInTurn) and never sign or encrypt under it, but under
+	// the crypto-in-gate fault.
+	sendMu   sync.Mutex
+	seq      uint32 // last sequence number sent; sendMu held (None) or turnMu (secured)
+	writeMu  sync.Mutex
+	gateHeld bool // the reader holds sendMu for a request being handled (crypto-in-gate)
+
+	// Write order of a secured channel's chunks: tickets are taken with
+	// their sequence numbers and written in order.
+	turnMu     sync.Mutex
+	turnCond   *sync.Cond
+	nextTicket uint64
+	served     uint64
+
+	thumbprint []byte    // SHA-1 of our certificate (secured channels)
+	sec        *secState // set by the first secured OPN (reader); tokMu for other goroutines
+	rseq       uint32    // last sequence number received (reader, secured channels)
+	rseqSet    bool
 
 	// tokMu guards the tokens apart from sendMu: Send holds sendMu while
 	// it writes to a slow client, and the reader checks every incoming
@@ -163,6 +191,8 @@ type SecureTransport struct {
 	token    uint32 // current security token
 	oldToken uint32 // previous token, accepted until the client uses the new one
 	sendTok  uint32 // token id written in MSG headers
+	// The symmetric keys of token, oldToken and sendTok (secured channels).
+	keys, oldKeys, sendKeys *symKeys
 
 	closeOnce sync.Once
 	closeErr  error
@@ -207,6 +237,10 @@ func Accept(c net.Conn, cfg Config) (*SecureTransport, error) {
 		rbuf:    make([]byte, lim.ReceiveBufSize),
 		partial: make(map[uint32]*partialMessage),
 		seq:     cfg.IDs.SequenceNumber - 1,
+	}
+	t.turnCond = sync.NewCond(&t.turnMu)
+	if cfg.Security != nil {
+		t.thumbprint = uapolicy.Thumbprint(cfg.Security.Certificate)
 	}
 	if cfg.HandshakeTimeout > 0 {
 		_ = c.SetDeadline(time.Now().Add(cfg.HandshakeTimeout))
@@ -264,7 +298,7 @@ func frame(typ string, chunk byte, body []byte) []byte {
 	return append(b, body...)
 }
 
-// write writes b; sendMu must be held unless no other goroutine can write.
+// write writes b; writeMu must be held unless no other goroutine can write.
 func (t *SecureTransport) write(b []byte) error {
 	_, err := t.conn.Write(b)
 	return err
@@ -341,6 +375,7 @@ func (r *reader) bytes() []byte {
 // answered with an ERR message and return a *ProtocolError; the connection
 // is then closed.
 func (t *SecureTransport) Receive(ctx context.Context) (Message, error) {
+	t.ReleaseGate()
 	for {
 		typ, chunk, body, err := t.readFrame()
 		if err != nil {
@@ -352,6 +387,11 @@ func (t *SecureTransport) Receive(ctx context.Context) (Message, error) {
 				return Message{}, err
 			}
 		case "CLO":
+			if t.sec != nil {
+				if _, err := t.secureChunk(chunk, body); err != nil {
+					return Message{}, err
+				}
+			}
 			return Message{}, io.EOF
 		case "MSG":
 			msg, ok, err := t.message(chunk, body)
@@ -368,6 +408,10 @@ func (t *SecureTransport) Receive(ctx context.Context) (Message, error) {
 }
 
 // openSecureChannel serves an OpenSecureChannel request (Issue or Renew).
+// With SecurityPolicy None the chunk is read and answered in the clear
+// under the send gate; with another policy it is checked, verified and
+// decrypted (readSecuredOpen), and the response signed and encrypted with
+// the asymmetric algorithm and written in its turn.
 func (t *SecureTransport) openSecureChannel(chunk byte, body []byte) error {
 	if chunk != 'F' {
 		return t.fail(ua.StatusBadTCPMessageTypeInvalid, fmt.Errorf("OPN%c", chunk))
@@ -375,29 +419,66 @@ func (t *SecureTransport) openSecureChannel(chunk byte, body []byte) error {
 	r := reader{b: body}
 	chID := r.u32()
 	policy := r.bytes()
-	_ = r.bytes() // sender certificate
-	_ = r.bytes() // receiver certificate thumbprint
-	_ = r.u32()   // sequence number
-	reqID := r.u32()
+	senderCert := r.bytes()
+	thumbprint := r.bytes()
 	if r.err {
 		return t.fail(ua.StatusBadDecodingError, errors.New("OPN header"))
 	}
-	if string(policy) != ua.SecurityPolicyURINone {
-		return t.fail(ua.StatusBadSecurityPolicyRejected, fmt.Errorf("security policy %q", policy))
+	var op openRequest
+	if string(policy) == ua.SecurityPolicyURINone {
+		if t.sec != nil {
+			return t.fail(ua.StatusBadSecurityPolicyRejected, errors.New("Renew with policy None on a secured channel"))
+		}
+		_ = r.u32() // sequence number
+		op.reqID = r.u32()
+		if r.err {
+			return t.fail(ua.StatusBadDecodingError, errors.New("OPN header"))
+		}
+		v, err := t.decode(bytes.Clone(r.b))
+		if err != nil {
+			return t.fail(ua.StatusBadDecodingError, fmt.Errorf("OpenSecureChannel: %w", err))
+		}
+		req, ok := v.(*ua.OpenSecureChannelRequest)
+		if !ok {
+			return t.fail(ua.StatusBadTCPMessageTypeInvalid, fmt.Errorf("OPN carries %T", v))
+		}
+		if req.SecurityMode != ua.MessageSecurityModeNone {
+			return t.fail(ua.StatusBadSecurityModeRejected, fmt.Errorf("security mode %v", req.SecurityMode))
+		}
+		op.req = req
+	} else {
+		if t.cfg.Security == nil {
+			return t.fail(ua.StatusBadSecurityPolicyRejected, fmt.Errorf("security policy %q", policy))
+		}
+		var err error
+		if op, err = t.readSecuredOpen(body, len(body)-len(r.b)+frameHeaderLen, string(policy), senderCert, thumbprint); err != nil {
+			return err
+		}
 	}
-	v, err := t.decode(bytes.Clone(r.b))
-	if err != nil {
-		return t.fail(ua.StatusBadDecodingError, fmt.Errorf("OpenSecureChannel: %w", err))
+	req := op.req
+	if op.sec == nil {
+		t.sendMu.Lock()
+		defer t.sendMu.Unlock()
 	}
-	req, ok := v.(*ua.OpenSecureChannelRequest)
-	if !ok {
-		return t.fail(ua.StatusBadTCPMessageTypeInvalid, fmt.Errorf("OPN carries %T", v))
+	var serverNonce []byte
+	var keys *symKeys
+	if op.sec != nil {
+		var err error
+		if serverNonce, err = op.sec.asym.MakeNonce(); err != nil {
+			return t.fail(ua.StatusBadTCPInternalError, fmt.Errorf("server nonce: %w", err))
+		}
+		algo, err := uapolicy.Symmetric(op.sec.policy, serverNonce, req.ClientNonce)
+		if err != nil {
+			return t.fail(ua.StatusBadSecurityPolicyRejected, fmt.Errorf("symmetric keys: %w", err))
+		}
+		keys = &symKeys{sec: op.sec, algo: algo}
 	}
-	if req.SecurityMode != ua.MessageSecurityModeNone {
-		return t.fail(ua.StatusBadSecurityModeRejected, fmt.Errorf("security mode %v", req.SecurityMode))
+	fail := func(code ua.StatusCode, err error) error {
+		if op.sec == nil {
+			return t.failLocked(code, err)
+		}
+		return t.fail(code, err)
 	}
-	t.sendMu.Lock()
-	defer t.sendMu.Unlock()
 	t.tokMu.Lock()
 	var refused error
 	switch req.RequestType {
@@ -408,22 +489,25 @@ func (t *SecureTransport) openSecureChannel(chunk byte, body []byte) error {
 		}
 		t.token = t.cfg.IDs.TokenID
 		t.sendTok = t.token
+		t.sec = op.sec
+		t.keys, t.sendKeys = keys, keys
 	case ua.SecurityTokenRequestTypeRenew:
 		if !t.open || chID != t.cfg.IDs.SecureChannelID {
 			t.tokMu.Unlock()
-			return t.failLocked(ua.StatusBadTCPSecureChannelUnknown, fmt.Errorf("Renew of channel %d", chID))
+			return fail(ua.StatusBadTCPSecureChannelUnknown, fmt.Errorf("Renew of channel %d", chID))
 		}
-		t.oldToken = t.token
+		t.oldToken, t.oldKeys = t.token, t.keys
 		if t.token++; t.token == 0 {
 			t.token = 1
 		}
+		t.keys = keys
 	default:
 		refused = fmt.Errorf("request type %v", req.RequestType)
 	}
 	token := t.token
 	t.tokMu.Unlock()
 	if refused != nil {
-		return t.failLocked(ua.StatusBadRequestTypeInvalid, refused)
+		return fail(ua.StatusBadRequestTypeInvalid, refused)
 	}
 	lifetime := req.RequestedLifetime
 	if lifetime == 0 || lifetime > uint32(time.Hour/time.Millisecond) {
@@ -435,6 +519,9 @@ func (t *SecureTransport) openSecureChannel(chunk byte, body []byte) error {
 	}
 	lifetime = max(lifetime, minLifetime)
 	now := time.Now()
+	if serverNonce == nil {
+		serverNonce = []byte{}
+	}
 	resp := &ua.OpenSecureChannelResponse{
 		ResponseHeader: &ua.ResponseHeader{
 			Timestamp:          now,
@@ -448,26 +535,41 @@ func (t *SecureTransport) openSecureChannel(chunk byte, body []byte) error {
 			CreatedAt:       now,
 			RevisedLifetime: lifetime,
 		},
-		ServerNonce: []byte{},
+		ServerNonce: serverNonce,
 	}
 	payload, err := encodeService(resp)
 	if err != nil {
-		return t.failLocked(ua.StatusBadTCPInternalError, err)
+		return fail(ua.StatusBadTCPInternalError, err)
 	}
-	// OPN chunk: channel id, asymmetric header (policy URI, no
-	// certificate, no thumbprint), sequence header, body.
-	b := binary.LittleEndian.AppendUint32(nil, t.cfg.IDs.SecureChannelID)
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(ua.SecurityPolicyURINone)))
-	b = append(b, ua.SecurityPolicyURINone...)
-	b = binary.LittleEndian.AppendUint32(b, 0xffffffff)
-	b = binary.LittleEndian.AppendUint32(b, 0xffffffff)
-	b = binary.LittleEndian.AppendUint32(b, t.nextSeq())
-	b = binary.LittleEndian.AppendUint32(b, reqID)
-	b = append(b, payload...)
-	if err := t.write(frame("OPN", 'F', b)); err != nil {
-		return err
+	if op.sec != nil {
+		ticket, seq := t.reserve(1)
+		b, err := t.sealedOpenResponse(op.sec, seq, op.reqID, payload)
+		if err != nil {
+			_ = t.writeInTurn(ticket, nil)
+			return t.fail(ua.StatusBadTCPInternalError, err)
+		}
+		if err := t.writeInTurn(ticket, b); err != nil {
+			return err
+		}
+	} else {
+		// OPN chunk: channel id, asymmetric header (policy URI, no
+		// certificate, no thumbprint), sequence header, body.
+		b := binary.LittleEndian.AppendUint32(nil, t.cfg.IDs.SecureChannelID)
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(ua.SecurityPolicyURINone)))
+		b = append(b, ua.SecurityPolicyURINone...)
+		b = binary.LittleEndian.AppendUint32(b, 0xffffffff)
+		b = binary.LittleEndian.AppendUint32(b, 0xffffffff)
+		b = binary.LittleEndian.AppendUint32(b, t.nextSeq())
+		b = binary.LittleEndian.AppendUint32(b, op.reqID)
+		b = append(b, payload...)
+		t.writeMu.Lock()
+		err := t.write(frame("OPN", 'F', b))
+		t.writeMu.Unlock()
+		if err != nil {
+			return err
+		}
 	}
-	t.log.Debug("security token issued", "type", req.RequestType, "token", token, "lifetime_ms", lifetime)
+	t.log.Debug("security token issued", "type", req.RequestType, "token", token, "lifetime_ms", lifetime, "policy", string(policy))
 	if !t.open {
 		t.open = true
 		// The handshake is over: the connection may idle now.
@@ -476,24 +578,86 @@ func (t *SecureTransport) openSecureChannel(chunk byte, body []byte) error {
 	return nil
 }
 
+// Security returns the channel's security: None until a secured
+// OpenSecureChannel was served.
+func (t *SecureTransport) Security() ChannelSecurity {
+	t.tokMu.Lock()
+	sec := t.sec
+	t.tokMu.Unlock()
+	if sec == nil {
+		return ChannelSecurity{PolicyURI: ua.SecurityPolicyURINone, Mode: ua.MessageSecurityModeNone}
+	}
+	return ChannelSecurity{PolicyURI: sec.policy, Mode: sec.mode, ClientCertificate: sec.clientCert, Asymmetric: sec.asym}
+}
+
+// ReleaseGate releases the send gate the reader took for the request it
+// returned last (the crypto-in-gate fault); otherwise it does nothing. The
+// channel calls it once the request's handler returned; Receive calls it
+// too.
+func (t *SecureTransport) ReleaseGate() {
+	if t.gateHeld {
+		t.gateHeld = false
+		t.sendMu.Unlock()
+	}
+}
+
+// secureChunk checks a MSG or CLO chunk's channel and token and, on a
+// secured channel, verifies and decrypts it with its token's keys. It
+// returns the chunk's sequence header and body.
+func (t *SecureTransport) secureChunk(chunk byte, body []byte) ([]byte, error) {
+	if len(body) < msgHeaderLen-frameHeaderLen {
+		return nil, t.fail(ua.StatusBadDecodingError, fmt.Errorf("chunk %c of %d bytes: no header", chunk, len(body)+frameHeaderLen))
+	}
+	r := reader{b: body}
+	chID, token := r.u32(), r.u32()
+	if chID != t.cfg.IDs.SecureChannelID {
+		return nil, t.fail(ua.StatusBadTCPSecureChannelUnknown, fmt.Errorf("secure channel %d", chID))
+	}
+	keys, err := t.checkToken(token)
+	if err != nil {
+		return nil, err
+	}
+	if t.sec == nil {
+		return r.b, nil
+	}
+	return t.unsealMessage(body, keys)
+}
+
 // message handles a MSG chunk. It returns ok when a request is complete.
 func (t *SecureTransport) message(chunk byte, body []byte) (Message, bool, error) {
 	if !t.open {
 		return Message{}, false, t.fail(ua.StatusBadTCPSecureChannelUnknown, errors.New("MSG before OpenSecureChannel"))
 	}
-	if len(body) < msgHeaderLen-frameHeaderLen {
-		return Message{}, false, t.fail(ua.StatusBadDecodingError, fmt.Errorf("MSG%c of %d bytes: no header", chunk, len(body)+frameHeaderLen))
+	gate := t.cfg.CryptoInGate && t.sec != nil
+	if gate {
+		// Fault crypto-in-gate: the reader verifies and decrypts under the
+		// send gate "to protect the cipher state", and keeps it while the
+		// request is handed on.
+		t.sendMu.Lock()
 	}
-	r := reader{b: body}
-	chID, token := r.u32(), r.u32()
-	_, reqID := r.u32(), r.u32() // sequence number, request id
-	data := r.b
-	if chID != t.cfg.IDs.SecureChannelID {
-		return Message{}, false, t.fail(ua.StatusBadTCPSecureChannelUnknown, fmt.Errorf("secure channel %d", chID))
+	msg, ok, err := t.messageChunk(chunk, body)
+	if gate {
+		if ok && err == nil {
+			t.gateHeld = true
+		} else {
+			t.sendMu.Unlock()
+		}
 	}
-	if err := t.checkToken(token); err != nil {
+	return msg, ok, err
+}
+
+// messageChunk is message without the gate.
+func (t *SecureTransport) messageChunk(chunk byte, body []byte) (Message, bool, error) {
+	plain, err := t.secureChunk(chunk, body)
+	if err != nil {
 		return Message{}, false, err
 	}
+	r := reader{b: plain}
+	_, reqID := r.u32(), r.u32() // sequence number, request id
+	if r.err {
+		return Message{}, false, t.fail(ua.StatusBadDecodingError, fmt.Errorf("MSG%c: no sequence header", chunk))
+	}
+	data := r.b
 	p := t.partial[reqID]
 	switch chunk {
 	case 'A':
@@ -535,21 +699,26 @@ func (t *SecureTransport) message(chunk byte, body []byte) (Message, bool, error
 }
 
 // checkToken accepts the current token, and the previous one until the
-// client uses the current one.
-func (t *SecureTransport) checkToken(token uint32) error {
+// client uses the current one, and returns its keys (nil on a None
+// channel). Once the client uses the current token, responses go out with
+// it and its keys.
+func (t *SecureTransport) checkToken(token uint32) (*symKeys, error) {
 	t.tokMu.Lock()
 	switch {
 	case token == t.token:
 		// Once the client uses the new token, the old one is retired.
 		t.sendTok, t.oldToken = token, 0
+		t.sendKeys, t.oldKeys = t.keys, nil
+		keys := t.keys
 		t.tokMu.Unlock()
-		return nil
+		return keys, nil
 	case token == t.oldToken && t.oldToken != 0:
+		keys := t.oldKeys
 		t.tokMu.Unlock()
-		return nil
+		return keys, nil
 	}
 	t.tokMu.Unlock()
-	return t.fail(ua.StatusBadSecureChannelTokenUnknown, fmt.Errorf("token %d", token))
+	return nil, t.fail(ua.StatusBadSecureChannelTokenUnknown, fmt.Errorf("token %d", token))
 }
 
 // checkSize refuses a chunk of n bytes that would make request reqID
@@ -647,8 +816,18 @@ func (t *SecureTransport) Send(ctx context.Context, reqID uint32, resp ua.Respon
 		chunks = 1
 	}
 	t.tokMu.Lock()
-	tok := t.sendTok
+	tok, keys := t.sendTok, t.sendKeys
 	t.tokMu.Unlock()
+	if keys != nil {
+		if room := symRoom(t.sendChunk, keys.algo, keys.sec.encrypt()); room != maxBody {
+			// The response was sized for a None chunk: recount.
+			chunks = max(1, (len(body)+room-1)/room)
+			if t.peerMaxChunks > 0 && chunks > t.peerMaxChunks {
+				body = t.faultBody(resp, ua.StatusBadResponseTooLarge)
+			}
+		}
+		return t.sendSecured(reqID, body, tok, keys, t.cfg.CryptoInGate)
+	}
 	t.sendMu.Lock()
 	defer t.sendMu.Unlock()
 	b := make([]byte, 0, len(body)+chunks*msgHeaderLen)
@@ -667,6 +846,8 @@ func (t *SecureTransport) Send(ctx context.Context, reqID uint32, resp ua.Respon
 		b = binary.LittleEndian.AppendUint32(b, reqID)
 		b = append(b, part...)
 	}
+	t.writeMu.Lock()
+	defer t.writeMu.Unlock()
 	return t.write(b)
 }
 
@@ -704,22 +885,25 @@ func (t *SecureTransport) nextSeq() uint32 {
 // response is being written (to a peer that does not read), it closes
 // without the ERR message rather than wait.
 func (t *SecureTransport) Abort(code ua.StatusCode) error {
-	if t.sendMu.TryLock() {
+	if t.writeMu.TryLock() {
 		t.abortLocked(code)
-		t.sendMu.Unlock()
+		t.writeMu.Unlock()
 	}
 	return t.Close()
 }
 
-// failLocked is fail with sendMu held.
+// failLocked is fail with sendMu held on a None channel: no other writer
+// can hold writeMu.
 func (t *SecureTransport) failLocked(code ua.StatusCode, err error) error {
 	t.log.Debug("closing channel: protocol error", "code", code, "err", err)
+	t.writeMu.Lock()
 	t.abortLocked(code)
+	t.writeMu.Unlock()
 	_ = t.Close()
 	return &ProtocolError{Code: code, Err: err}
 }
 
-// abortLocked writes an ERR message; sendMu held.
+// abortLocked writes an ERR message; writeMu held.
 func (t *SecureTransport) abortLocked(code ua.StatusCode) {
 	body, err := ua.Encode(&uacp.Error{ErrorCode: uint32(code), Reason: code.Error()})
 	if err != nil {

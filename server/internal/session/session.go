@@ -37,6 +37,21 @@ type Session struct {
 	nonce     []byte // the last server nonce sent to the client
 	closed    bool
 	onClose   []func()
+	appURI    string // the client's ApplicationUri (CreateSession)
+}
+
+// SetClient records the client's ApplicationUri from CreateSession.
+func (s *Session) SetClient(appURI string) {
+	s.mu.Lock()
+	s.appURI = appURI
+	s.mu.Unlock()
+}
+
+// ClientAppURI returns the client's ApplicationUri from CreateSession.
+func (s *Session) ClientAppURI() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.appURI
 }
 
 // Touch records activity now; the session times out Timeout after the last

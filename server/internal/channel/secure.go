@@ -1,0 +1,419 @@
+package channel
+
+import (
+	"bytes"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/gopcua/opcua/ua"
+	"github.com/gopcua/opcua/uapolicy"
+)
+
+// Security is what a transport needs to accept secured channels: the
+// server's application instance certificate and key, and the policies and
+// modes it offers.
+//
+// The reference server AUTO-ACCEPTS every well-formed client certificate:
+// there is no trust list. A client certificate only has to parse as X.509
+// and carry an RSA key of a size the policy allows (2048 to 4096 bits for
+// the policies offered here); neither its issuer, its validity period nor
+// its ApplicationUri are checked. A server as it ships would check them.
+type Security struct {
+	// Certificate is the server's DER certificate.
+	Certificate []byte
+	// PrivateKey is its key.
+	PrivateKey *rsa.PrivateKey
+	// Offers reports whether the server offers SecurityPolicy policyURI
+	// with mode. SecurityPolicy None is always accepted on a channel (for
+	// discovery), whatever Offers says.
+	Offers func(policyURI string, mode ua.MessageSecurityMode) bool
+}
+
+// offersPolicy reports whether any secured mode of policy is offered.
+func (s *Security) offersPolicy(policy string) bool {
+	return s != nil && s.Offers != nil &&
+		(s.Offers(policy, ua.MessageSecurityModeSign) || s.Offers(policy, ua.MessageSecurityModeSignAndEncrypt))
+}
+
+// ChannelSecurity is the security of an open secure channel.
+type ChannelSecurity struct {
+	// PolicyURI is the channel's SecurityPolicy (ua.SecurityPolicyURINone
+	// before the first OpenSecureChannel).
+	PolicyURI string
+	// Mode is the channel's MessageSecurityMode (None on a None channel).
+	Mode ua.MessageSecurityMode
+	// ClientCertificate is the DER certificate the client opened the
+	// channel with; nil on a None channel.
+	ClientCertificate []byte
+	// Asymmetric signs with the server's key and verifies with the
+	// client's (and decrypts with the server's key); nil on a None
+	// channel.
+	Asymmetric *uapolicy.EncryptionAlgorithm
+}
+
+// Secured reports whether the channel signs its messages.
+func (c ChannelSecurity) Secured() bool {
+	return c.Mode == ua.MessageSecurityModeSign || c.Mode == ua.MessageSecurityModeSignAndEncrypt
+}
+
+// Sizes of RSA keys the offered policies allow (Basic256Sha256,
+// Aes128_Sha256_RsaOaep, Aes256_Sha256_RsaPss).
+const (
+	minRSABits = 2048
+	maxRSABits = 4096
+)
+
+// secState is the security of a secured channel, fixed by its first
+// OpenSecureChannel.
+type secState struct {
+	policy     string
+	mode       ua.MessageSecurityMode
+	clientCert []byte
+	asym       *uapolicy.EncryptionAlgorithm
+}
+
+func (s *secState) encrypt() bool { return s.mode == ua.MessageSecurityModeSignAndEncrypt }
+
+// clientKey checks a client certificate: well-formed X.509 with an RSA key
+// of an allowed size.
+func clientKey(der []byte) (*rsa.PublicKey, error) {
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("parse client certificate: %w", err)
+	}
+	pub, ok := c.PublicKey.(*rsa.PublicKey)
+	if !ok {
+		return nil, fmt.Errorf("client certificate key is %T, not RSA", c.PublicKey)
+	}
+	if bits := pub.N.BitLen(); bits < minRSABits || bits > maxRSABits {
+		return nil, fmt.Errorf("client certificate key of %d bits, want %d to %d", bits, minRSABits, maxRSABits)
+	}
+	return pub, nil
+}
+
+// seal signs, pads and encrypts one chunk in place. b holds the chunk from
+// its message header to the end of its body, message size not yet set;
+// the first hdrLen bytes (message and security headers) stay plain. With
+// encrypt, the padding makes the encrypted part whole plaintext blocks;
+// extraPad adds the ExtraPaddingSize byte (an asymmetric key above 2048
+// bits). It returns the chunk to write.
+func seal(b []byte, hdrLen int, algo *uapolicy.EncryptionAlgorithm, encrypt, extraPad bool) ([]byte, error) {
+	sigLen := algo.SignatureLength()
+	if encrypt {
+		pb := algo.PlaintextBlockSize()
+		padBytes := 1
+		if extraPad {
+			padBytes = 2
+		}
+		n := len(b) - hdrLen + sigLen + padBytes
+		pad := (pb - n%pb) % pb
+		for range pad + 1 {
+			b = append(b, byte(pad))
+		}
+		if extraPad {
+			b = append(b, byte(pad>>8))
+		}
+		encLen := (len(b) - hdrLen + sigLen) / pb * algo.BlockSize()
+		binary.LittleEndian.PutUint32(b[4:], uint32(hdrLen+encLen))
+	} else {
+		binary.LittleEndian.PutUint32(b[4:], uint32(len(b)+sigLen))
+	}
+	sig, err := algo.Signature(b)
+	if err != nil {
+		return nil, fmt.Errorf("sign chunk: %w", err)
+	}
+	b = append(b, sig...)
+	if !encrypt {
+		return b, nil
+	}
+	enc, err := algo.Encrypt(b[hdrLen:])
+	if err != nil {
+		return nil, fmt.Errorf("encrypt chunk: %w", err)
+	}
+	return append(b[:hdrLen], enc...), nil
+}
+
+// errChecks is why a chunk fails its security checks.
+var errChecks = errors.New("security checks failed")
+
+// unseal decrypts and verifies a chunk: hdr is its plain part (message and
+// security headers, as received), rest what follows. It returns the
+// plaintext from the sequence header to the end of the body (padding and
+// signature removed). extraPad says the sender added an ExtraPaddingSize
+// byte (our asymmetric key is above 2048 bits).
+func unseal(hdr, rest []byte, algo *uapolicy.EncryptionAlgorithm, encrypt, extraPad bool) ([]byte, error) {
+	plain := rest
+	if encrypt {
+		if len(rest) == 0 || len(rest)%algo.BlockSize() != 0 {
+			return nil, fmt.Errorf("%w: %d encrypted bytes, block size %d", errChecks, len(rest), algo.BlockSize())
+		}
+		var err error
+		if plain, err = algo.Decrypt(rest); err != nil {
+			return nil, fmt.Errorf("%w: decrypt: %v", errChecks, err)
+		}
+	}
+	sigLen := algo.RemoteSignatureLength()
+	if len(plain) < seqHeaderLen+sigLen {
+		return nil, fmt.Errorf("%w: chunk too short for its signature", errChecks)
+	}
+	signed := make([]byte, 0, len(hdr)+len(plain)-sigLen)
+	signed = append(append(signed, hdr...), plain[:len(plain)-sigLen]...)
+	if err := algo.VerifySignature(signed, plain[len(plain)-sigLen:]); err != nil {
+		return nil, fmt.Errorf("%w: signature: %v", errChecks, err)
+	}
+	plain = plain[:len(plain)-sigLen]
+	if !encrypt {
+		return plain, nil
+	}
+	n := len(plain)
+	if n < 1 {
+		return nil, fmt.Errorf("%w: no padding", errChecks)
+	}
+	pad := int(plain[n-1])
+	strip := pad + 1
+	if extraPad {
+		if n < 2 {
+			return nil, fmt.Errorf("%w: no padding", errChecks)
+		}
+		pad = pad<<8 | int(plain[n-2])
+		strip = pad + 2
+	}
+	if strip > n-seqHeaderLen {
+		return nil, fmt.Errorf("%w: padding of %d bytes in %d", errChecks, pad, n)
+	}
+	return plain[:n-strip], nil
+}
+
+// symRoom is the body bytes one symmetric chunk of size chunk carries.
+func symRoom(chunk int, algo *uapolicy.EncryptionAlgorithm, encrypt bool) int {
+	if !encrypt {
+		return chunk - msgHeaderLen - algo.SignatureLength()
+	}
+	blocks := (chunk - symHeaderLen) / algo.BlockSize()
+	return blocks*algo.PlaintextBlockSize() - seqHeaderLen - algo.SignatureLength() - 1
+}
+
+// reserve reserves the sequence numbers of n chunks of a secured channel
+// and a ticket for writing them: tickets are written in the order they
+// were taken, so the numbers go out in order, while the chunks are signed
+// and encrypted outside any lock.
+func (t *SecureTransport) reserve(n int) (ticket uint64, first uint32) {
+	t.turnMu.Lock()
+	defer t.turnMu.Unlock()
+	ticket = t.nextTicket
+	t.nextTicket++
+	first = t.nextSeq()
+	for range n - 1 {
+		t.nextSeq()
+	}
+	return ticket, first
+}
+
+// seqAfter returns the sequence number after seq (Part 6, 6.7.2.4: it
+// wraps to 1 after maxSequence).
+func seqAfter(seq uint32) uint32 {
+	if seq >= maxSequence {
+		return 1
+	}
+	return seq + 1
+}
+
+// writeInTurn waits for ticket's turn and writes b (nothing if b is nil),
+// then passes the turn on. A writer ahead that blocks on a slow peer holds
+// the turn, as it would hold a lock.
+func (t *SecureTransport) writeInTurn(ticket uint64, b []byte) error {
+	t.turnMu.Lock()
+	for t.served != ticket {
+		t.turnCond.Wait()
+	}
+	t.turnMu.Unlock()
+	var err error
+	if b != nil {
+		t.writeMu.Lock()
+		err = t.write(b)
+		t.writeMu.Unlock()
+	}
+	t.turnMu.Lock()
+	t.served++
+	t.turnCond.Broadcast()
+	t.turnMu.Unlock()
+	return err
+}
+
+// sendSecured writes a response body in signed (and encrypted) chunks.
+// The sequence numbers are reserved under a short lock; the chunks are
+// sealed outside it, and written when their ticket's turn comes. Under the
+// crypto-in-gate fault, the whole of it runs under the send gate.
+func (t *SecureTransport) sendSecured(reqID uint32, body []byte, tok uint32, keys *symKeys, faultGate bool) error {
+	if faultGate {
+		// Fault crypto-in-gate: sign and encrypt holding the send gate.
+		t.sendMu.Lock()
+		defer t.sendMu.Unlock()
+	}
+	sec := keys.sec
+	room := symRoom(t.sendChunk, keys.algo, sec.encrypt())
+	chunks := max(1, (len(body)+room-1)/room)
+	ticket, seq := t.reserve(chunks)
+	var out []byte
+	var sealErr error
+	for i := range chunks {
+		part := body[i*room : min(len(body), (i+1)*room)]
+		kind := byte('C')
+		if i == chunks-1 {
+			kind = 'F'
+		}
+		b := make([]byte, 0, msgHeaderLen+len(part)+2*keys.algo.BlockSize()+keys.algo.SignatureLength())
+		b = append(b, "MSG"...)
+		b = append(b, kind, 0, 0, 0, 0)
+		b = binary.LittleEndian.AppendUint32(b, t.cfg.IDs.SecureChannelID)
+		b = binary.LittleEndian.AppendUint32(b, tok)
+		b = binary.LittleEndian.AppendUint32(b, seq)
+		b = binary.LittleEndian.AppendUint32(b, reqID)
+		b = append(b, part...)
+		seq = seqAfter(seq)
+		b, sealErr = seal(b, symHeaderLen, keys.algo, sec.encrypt(), false)
+		if sealErr != nil {
+			break
+		}
+		if out == nil {
+			out = make([]byte, 0, chunks*len(b))
+		}
+		out = append(out, b...)
+	}
+	if sealErr != nil {
+		_ = t.writeInTurn(ticket, nil)
+		return t.fail(ua.StatusBadSecurityChecksFailed, sealErr)
+	}
+	return t.writeInTurn(ticket, out)
+}
+
+// symKeys are the symmetric keys of one security token.
+type symKeys struct {
+	sec  *secState
+	algo *uapolicy.EncryptionAlgorithm
+}
+
+// openRequest is an OpenSecureChannel request taken from its chunk.
+type openRequest struct {
+	req   *ua.OpenSecureChannelRequest
+	reqID uint32
+	sec   *secState // nil for SecurityPolicy None
+}
+
+// readSecuredOpen checks and decrypts a secured OPN chunk: hdrLen is the
+// length of its message and asymmetric security headers (within the frame,
+// t.hdr then body), rest the encrypted remainder.
+func (t *SecureTransport) readSecuredOpen(body []byte, hdrLen int, policy string, senderCert, thumbprint []byte) (openRequest, error) {
+	s := t.cfg.Security
+	if !s.offersPolicy(policy) {
+		return openRequest{}, t.fail(ua.StatusBadSecurityPolicyRejected, fmt.Errorf("security policy %q", policy))
+	}
+	if t.open && (t.sec == nil || t.sec.policy != policy) {
+		return openRequest{}, t.fail(ua.StatusBadSecurityPolicyRejected, fmt.Errorf("Renew with policy %q on a channel with another", policy))
+	}
+	if !bytes.Equal(thumbprint, t.thumbprint) {
+		// The request is not encrypted with our key.
+		return openRequest{}, t.fail(ua.StatusBadCertificateInvalid, fmt.Errorf("receiver thumbprint %x is not our certificate's", thumbprint))
+	}
+	pub, err := clientKey(senderCert)
+	if err != nil {
+		return openRequest{}, t.fail(ua.StatusBadCertificateInvalid, err)
+	}
+	if t.open && !bytes.Equal(senderCert, t.sec.clientCert) {
+		return openRequest{}, t.fail(ua.StatusBadCertificateInvalid, errors.New("Renew with another client certificate"))
+	}
+	asym, err := uapolicy.Asymmetric(policy, s.PrivateKey, pub)
+	if err != nil {
+		return openRequest{}, t.fail(ua.StatusBadSecurityPolicyRejected, fmt.Errorf("asymmetric algorithm: %w", err))
+	}
+	hdr := make([]byte, 0, hdrLen)
+	hdr = append(append(hdr, t.hdr[:]...), body[:hdrLen-frameHeaderLen]...)
+	plain, err := unseal(hdr, body[hdrLen-frameHeaderLen:], asym, true, s.PrivateKey.Size() > 256)
+	if err != nil {
+		return openRequest{}, t.fail(ua.StatusBadSecurityChecksFailed, fmt.Errorf("OPN: %w", err))
+	}
+	r := reader{b: plain}
+	seq, reqID := r.u32(), r.u32()
+	if r.err {
+		return openRequest{}, t.fail(ua.StatusBadDecodingError, errors.New("OPN sequence header"))
+	}
+	// An OPN chunk sets the expected sequence number: gopcua's client, for
+	// one, renews on a copy of its counter while requests go on.
+	t.rseq, t.rseqSet = seq, true
+	v, err := t.decode(slices.Clone(r.b))
+	if err != nil {
+		return openRequest{}, t.fail(ua.StatusBadDecodingError, fmt.Errorf("OpenSecureChannel: %w", err))
+	}
+	req, ok := v.(*ua.OpenSecureChannelRequest)
+	if !ok {
+		return openRequest{}, t.fail(ua.StatusBadTCPMessageTypeInvalid, fmt.Errorf("OPN carries %T", v))
+	}
+	switch {
+	case req.SecurityMode != ua.MessageSecurityModeSign && req.SecurityMode != ua.MessageSecurityModeSignAndEncrypt,
+		!s.Offers(policy, req.SecurityMode),
+		t.open && req.SecurityMode != t.sec.mode:
+		return openRequest{}, t.fail(ua.StatusBadSecurityModeRejected, fmt.Errorf("security mode %v with %s", req.SecurityMode, policy))
+	}
+	if len(req.ClientNonce) != asym.NonceLength() {
+		return openRequest{}, t.fail(ua.StatusBadNonceInvalid, fmt.Errorf("client nonce of %d bytes, want %d", len(req.ClientNonce), asym.NonceLength()))
+	}
+	sec := t.sec
+	if sec == nil {
+		sec = &secState{policy: policy, mode: req.SecurityMode, clientCert: bytes.Clone(senderCert), asym: asym}
+	}
+	return openRequest{req: req, reqID: reqID, sec: sec}, nil
+}
+
+// sealedOpenResponse builds the OPN chunk answering a secured
+// OpenSecureChannel: asymmetric header (policy, our certificate, the client
+// certificate's thumbprint), sequence header, payload, signed and
+// encrypted with the asymmetric algorithm.
+func (t *SecureTransport) sealedOpenResponse(sec *secState, seq, reqID uint32, payload []byte) ([]byte, error) {
+	thumb := uapolicy.Thumbprint(sec.clientCert)
+	b := append([]byte("OPNF"), 0, 0, 0, 0)
+	b = binary.LittleEndian.AppendUint32(b, t.cfg.IDs.SecureChannelID)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(sec.policy)))
+	b = append(b, sec.policy...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(t.cfg.Security.Certificate)))
+	b = append(b, t.cfg.Security.Certificate...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(thumb)))
+	b = append(b, thumb...)
+	hdrLen := len(b)
+	b = binary.LittleEndian.AppendUint32(b, seq)
+	b = binary.LittleEndian.AppendUint32(b, reqID)
+	b = append(b, payload...)
+	b, err := seal(b, hdrLen, sec.asym, true, sec.asym.BlockSize() > 256)
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > t.sendChunk {
+		return nil, fmt.Errorf("OPN response of %d bytes above the client's receive buffer %d", len(b), t.sendChunk)
+	}
+	return b, nil
+}
+
+// unsealMessage verifies (and decrypts) a MSG or CLO chunk of a secured
+// channel and checks its sequence number. body is the frame after its
+// 8-byte header; it returns the chunk's sequence header and body.
+func (t *SecureTransport) unsealMessage(body []byte, keys *symKeys) ([]byte, error) {
+	var hdr [symHeaderLen]byte
+	copy(hdr[:], t.hdr[:])
+	copy(hdr[frameHeaderLen:], body[:symHeaderLen-frameHeaderLen])
+	plain, err := unseal(hdr[:], body[symHeaderLen-frameHeaderLen:], keys.algo, keys.sec.encrypt(), false)
+	if err != nil {
+		return nil, t.fail(ua.StatusBadSecurityChecksFailed, err)
+	}
+	seq := binary.LittleEndian.Uint32(plain)
+	// Each chunk's number is the last one plus 1; past maxSequence it
+	// wraps to a number below 1024 (Part 6, 6.7.2.4).
+	next := uint64(t.rseq) + 1
+	if t.rseqSet && uint64(seq) != next && !(next > maxSequence && seq < 1024) {
+		return nil, t.fail(ua.StatusBadSequenceNumberInvalid, fmt.Errorf("sequence number %d after %d", seq, t.rseq))
+	}
+	t.rseq, t.rseqSet = seq, true
+	return plain, nil
+}
