@@ -104,8 +104,10 @@ var statusRead = load.Request{Kind: history.KindRead, Node: ua.NewNumericNodeID(
 var secured = toxics.Secured(toxics.SecuritySignEncrypt, toxics.Baseline)
 
 // securedDeepCatches are the faults the deep pipelines under
-// SignAndEncrypt are aimed at (their None row is aimed at deepCatches).
-var securedDeepCatches []server.Fault
+// SignAndEncrypt are aimed at (their None row is aimed at deepCatches):
+// response crypto under the channel's send gate, which stalls deep
+// pipelines on secured channels only.
+var securedDeepCatches = []server.Fault{server.FaultCryptoInGate}
 
 // judged are the op kinds the backpressure checks read.
 var judged = []history.Kind{history.KindRead, history.KindSession}
@@ -335,6 +337,7 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 	// catches fault lost-response (deep-exactly-once: lost responses)
 	// catches fault retain-memory (deep-backpressure: a leak)
 	// catches fault late-resume (deep-backpressure: resumes late)
+	// catches fault crypto-in-gate, under SignAndEncrypt (deep-stall: stalled channels)
 	DescribeTable("serves 10 sessions × 1000 outstanding Reads without errors, channel faults or stalls, in bounded memory", func(ctx SpecContext, cond toxics.Condition) {
 		checks := []check.Spec{
 			// Drained rejections count as errors: a server that
