@@ -143,6 +143,10 @@ func (a *Asymmetric) PolicyURI() string { return a.policy }
 // Mode returns the message security mode.
 func (a *Asymmetric) Mode() ua.MessageSecurityMode { return a.mode }
 
+// RemoteCertificate returns the peer's certificate (DER) the Asymmetric
+// was built with.
+func (a *Asymmetric) RemoteCertificate() []byte { return a.remoteCert }
+
 // NonceLength returns the channel nonce length of the policy (0 for None).
 func (a *Asymmetric) NonceLength() int { return a.algo.NonceLength() }
 
