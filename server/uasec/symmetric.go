@@ -223,11 +223,11 @@ func (s *Symmetric) SealAt(buf []byte, start int) []byte {
 // body; body aliases chunk. The signature is checked in constant time
 // before the padding is looked at.
 func (s *Symmetric) Open(chunk []byte) (tokenID, seq, reqID uint32, body []byte, err error) {
-	min := SymmetricPrefixLen
+	least := SymmetricPrefixLen
 	if s.signs() {
-		min += symSigLen
+		least += symSigLen
 	}
-	if len(chunk) < min || int(binary.LittleEndian.Uint32(chunk[4:])) != len(chunk) {
+	if len(chunk) < least || int(binary.LittleEndian.Uint32(chunk[4:])) != len(chunk) {
 		return 0, 0, 0, nil, fmt.Errorf("open chunk of %d bytes: %w", len(chunk), ErrShortChunk)
 	}
 	tokenID = binary.LittleEndian.Uint32(chunk[12:])
