@@ -1,0 +1,342 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/binary"
+	"errors"
+	"io"
+	"math/big"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gopcua/opcua"
+	"github.com/gopcua/opcua/ua"
+	"github.com/gopcua/opcua/uapolicy"
+)
+
+// testClientURI is the ApplicationUri of the test clients' certificates.
+const testClientURI = "urn:opcua-chaos:server-test-client"
+
+// clientCredentials returns a new RSA-2048 key and a self-signed client
+// application instance certificate for appURI.
+func clientCredentials(t testing.TB, appURI string) (*rsa.PrivateKey, []byte) {
+	t.Helper()
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(appURI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(time.Now().UnixNano()),
+		Subject:               pkix.Name{CommonName: "server test client"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageContentCommitment | x509.KeyUsageKeyEncipherment | x509.KeyUsageDataEncipherment,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true,
+		URIs:                  []*url.URL{u},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key, der
+}
+
+// secureClient holds what a secured test client connects with.
+type secureClient struct {
+	policy string
+	mode   ua.MessageSecurityMode
+	key    *rsa.PrivateKey
+	cert   []byte
+}
+
+// options returns gopcua options for a session over the secured endpoint
+// of endpoint, with identity token type tok.
+func (sc secureClient) options(t *testing.T, endpoint string, tok ua.UserTokenType) []opcua.Option {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	eps, err := opcua.GetEndpoints(ctx, endpoint, opcua.SecurityMode(ua.MessageSecurityModeNone), opcua.SecurityPolicy(ua.SecurityPolicyURINone))
+	if err != nil {
+		t.Fatalf("get endpoints: %v", err)
+	}
+	ep, err := opcua.SelectEndpoint(eps, sc.policy, sc.mode)
+	if err != nil {
+		t.Fatalf("select endpoint: %v", err)
+	}
+	ep.EndpointURL = endpoint
+	return []opcua.Option{
+		opcua.SecurityFromEndpoint(ep, tok),
+		opcua.PrivateKey(sc.key),
+		opcua.Certificate(sc.cert),
+		opcua.ApplicationURI(testClientURI),
+	}
+}
+
+// clientDescription describes the test client in CreateSession.
+func clientDescription() *ua.ApplicationDescription {
+	return &ua.ApplicationDescription{ApplicationURI: testClientURI, ApplicationName: &ua.LocalizedText{}, ApplicationType: ua.ApplicationTypeClient}
+}
+
+// securedCases are every offered policy with Sign and SignAndEncrypt.
+func securedCases() []secureClient {
+	var cs []secureClient
+	for _, p := range SecurityPolicies {
+		for _, m := range []ua.MessageSecurityMode{ua.MessageSecurityModeSign, ua.MessageSecurityModeSignAndEncrypt} {
+			cs = append(cs, secureClient{policy: p, mode: m})
+		}
+	}
+	return cs
+}
+
+func (sc secureClient) name() string {
+	return strings.TrimPrefix(sc.policy, "http://opcfoundation.org/UA/SecurityPolicy#") + "/" + strings.TrimPrefix(sc.mode.String(), "MessageSecurityMode")
+}
+
+// TestSecuredChannels: for every policy × {Sign, SignAndEncrypt}, gopcua's
+// client reads over an anonymous session, logs in with a user name (the
+// password encrypted with the channel's policy), keeps reading across
+// security token renewals (2 s lifetime), and a raw CreateSession gets a
+// ServerSignature that verifies with the server certificate.
+func TestSecuredChannels(t *testing.T) {
+	endpoint, _ := startServer(t, Config{MinChannelLifetime: 2 * time.Second})
+	key, cert := clientCredentials(t, testClientURI)
+	for _, sc := range securedCases() {
+		sc.key, sc.cert = key, cert
+		t.Run(sc.name(), func(t *testing.T) {
+			c := connect(t, endpoint, append(sc.options(t, endpoint, ua.UserTokenTypeAnonymous), opcua.Lifetime(2*time.Second))...)
+			if v := readValues(t, c, counter("FastCounter.1")); v[0].Status != ua.StatusOK {
+				t.Fatalf("read: %v", v[0].Status)
+			}
+			// gopcua renews after 1 s (75 % of 2 s, in whole seconds):
+			// reads go on with the new keys.
+			deadline := time.Now().Add(3200 * time.Millisecond)
+			reads := 0
+			for time.Now().Before(deadline) {
+				readValues(t, c, counter("FastCounter.1"))
+				reads++
+				time.Sleep(20 * time.Millisecond)
+			}
+			t.Logf("%d reads across renewals", reads)
+
+			opts := append(sc.options(t, endpoint, ua.UserTokenTypeUserName), opcua.AuthUsername("user1", "password"))
+			u := connect(t, endpoint, opts...)
+			if v := readValues(t, u, counter("FastCounter.1")); v[0].Status != ua.StatusOK {
+				t.Fatalf("read as user1: %v", v[0].Status)
+			}
+			bad := append(sc.options(t, endpoint, ua.UserTokenTypeUserName), opcua.AuthUsername("user1", "wrong"))
+			if c, err := dial(endpoint, bad...); err == nil {
+				_ = c.Close(context.Background())
+				t.Errorf("wrong password accepted")
+			}
+
+			// The server signs the client certificate and nonce.
+			nonce := make([]byte, 32)
+			_, _ = rand.Read(nonce)
+			resp, err := sendRaw(t, c, &ua.CreateSessionRequest{
+				ClientDescription: clientDescription(),
+				ClientCertificate: cert, ClientNonce: nonce, RequestedSessionTimeout: 10000,
+			}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := resp.(*ua.CreateSessionResponse)
+			pub, err := uapolicy.PublicKey(cs.ServerCertificate)
+			if err != nil {
+				t.Fatal(err)
+			}
+			asym, err := uapolicy.Asymmetric(sc.policy, key, pub)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := asym.VerifySignature(append(append([]byte{}, cert...), nonce...), cs.ServerSignature.Signature); err != nil {
+				t.Errorf("ServerSignature does not verify: %v", err)
+			}
+			if cs.ServerSignature.Algorithm != asym.SignatureURI() {
+				t.Errorf("ServerSignature algorithm %q, want %q", cs.ServerSignature.Algorithm, asym.SignatureURI())
+			}
+			// ActivateSession without the client's signature is refused.
+			_, err = sendRaw(t, c, &ua.ActivateSessionRequest{
+				ClientSignature:    &ua.SignatureData{Algorithm: asym.SignatureURI(), Signature: make([]byte, 256)},
+				UserIdentityToken:  ua.NewExtensionObject(&ua.AnonymousIdentityToken{PolicyID: PolicyAnonymous}),
+				UserTokenSignature: &ua.SignatureData{},
+			}, cs.AuthenticationToken)
+			if !errors.Is(err, ua.StatusBadApplicationSignatureInvalid) {
+				t.Errorf("ActivateSession with a bad client signature: err = %v, want BadApplicationSignatureInvalid", err)
+			}
+			// A client certificate that is not the channel's is refused.
+			_, other := clientCredentials(t, testClientURI)
+			_, err = sendRaw(t, c, &ua.CreateSessionRequest{ClientDescription: clientDescription(), ClientCertificate: other, ClientNonce: nonce, RequestedSessionTimeout: 10000}, nil)
+			if !errors.Is(err, ua.StatusBadCertificateInvalid) {
+				t.Errorf("CreateSession with another certificate: err = %v, want BadCertificateInvalid", err)
+			}
+		})
+	}
+}
+
+// TestSecurityModesOffered: OPCUA_SECURITY limits the endpoints, a bad
+// value is an error naming it, and a None session is refused when None is
+// not offered (the None channel still serves discovery).
+func TestSecurityModesOffered(t *testing.T) {
+	if _, err := LoadConfig(nil, func(k string) string {
+		if k == "OPCUA_SECURITY" {
+			return "none,encrypt"
+		}
+		return ""
+	}, io.Discard); err == nil || !strings.Contains(err.Error(), "OPCUA_SECURITY") || !strings.Contains(err.Error(), `"encrypt"`) {
+		t.Errorf("bad OPCUA_SECURITY: err = %v", err)
+	}
+	modes, err := ParseSecurityModes("sign-encrypt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint, _ := startServer(t, Config{Security: modes})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	eps, err := opcua.GetEndpoints(ctx, endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(eps) != len(SecurityPolicies) {
+		t.Errorf("%d endpoints, want %d", len(eps), len(SecurityPolicies))
+	}
+	for _, ep := range eps {
+		if ep.SecurityMode != ua.MessageSecurityModeSignAndEncrypt {
+			t.Errorf("endpoint %s %v offered", ep.SecurityPolicyURI, ep.SecurityMode)
+		}
+	}
+	if c, err := dial(endpoint); err == nil {
+		_ = c.Close(ctx)
+		t.Errorf("a None session connected with only sign-encrypt offered")
+	}
+	// Sign is not offered either: the channel is refused.
+	key, cert := clientCredentials(t, testClientURI)
+	sc := secureClient{policy: ua.SecurityPolicyURIBasic256Sha256, mode: ua.MessageSecurityModeSign, key: key, cert: cert}
+	ep := eps[0]
+	ep.EndpointURL = endpoint
+	ep.SecurityMode = ua.MessageSecurityModeSign
+	if c, err := dial(endpoint, opcua.SecurityFromEndpoint(ep, ua.UserTokenTypeAnonymous), opcua.PrivateKey(sc.key), opcua.Certificate(sc.cert)); err == nil {
+		_ = c.Close(ctx)
+		t.Errorf("a Sign channel opened with only sign-encrypt offered")
+	}
+}
+
+// tamperProxy forwards one client connection to the server and, once
+// armed, flips a byte in the signature of the next MSG chunk the client
+// sends. It records the status code of an ERR message from the server.
+type tamperProxy struct {
+	addr    string
+	mu      sync.Mutex
+	armed   bool
+	errCode ua.StatusCode
+	done    chan struct{}
+}
+
+func newTamperProxy(t *testing.T, server string) *tamperProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	p := &tamperProxy{addr: l.Addr().String(), done: make(chan struct{})}
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", server)
+		if err != nil {
+			c.Close()
+			return
+		}
+		go func() {
+			defer c.Close()
+			defer s.Close()
+			p.pipe(c, s, true)
+		}()
+		go func() {
+			defer close(p.done)
+			defer c.Close()
+			p.pipe(s, c, false)
+		}()
+	}()
+	return p
+}
+
+// pipe copies frames from src to dst; toServer frames may be tampered
+// with, from-server ERR frames are recorded.
+func (p *tamperProxy) pipe(src, dst net.Conn, toServer bool) {
+	var hdr [8]byte
+	for {
+		if _, err := io.ReadFull(src, hdr[:]); err != nil {
+			return
+		}
+		body := make([]byte, binary.LittleEndian.Uint32(hdr[4:])-8)
+		if _, err := io.ReadFull(src, body); err != nil {
+			return
+		}
+		typ := string(hdr[:3])
+		p.mu.Lock()
+		if toServer && typ == "MSG" && p.armed {
+			body[len(body)-1] ^= 0xff
+			p.armed = false
+		}
+		if !toServer && typ == "ERR" && len(body) >= 4 {
+			p.errCode = ua.StatusCode(binary.LittleEndian.Uint32(body))
+		}
+		p.mu.Unlock()
+		if _, err := dst.Write(append(hdr[:], body...)); err != nil {
+			return
+		}
+	}
+}
+
+// TestTamperedChunkClosesChannel: a MSG chunk whose last byte (signature
+// or ciphertext) was changed fails its checks: the server answers ERR
+// BadSecurityChecksFailed and closes the channel, under Sign and
+// SignAndEncrypt.
+func TestTamperedChunkClosesChannel(t *testing.T) {
+	endpoint, _ := startServer(t, Config{})
+	key, cert := clientCredentials(t, testClientURI)
+	for _, mode := range []ua.MessageSecurityMode{ua.MessageSecurityModeSign, ua.MessageSecurityModeSignAndEncrypt} {
+		sc := secureClient{policy: ua.SecurityPolicyURIBasic256Sha256, mode: mode, key: key, cert: cert}
+		t.Run(sc.name(), func(t *testing.T) {
+			opts := sc.options(t, endpoint, ua.UserTokenTypeAnonymous)
+			p := newTamperProxy(t, strings.TrimPrefix(endpoint, "opc.tcp://"))
+			c := connect(t, "opc.tcp://"+p.addr, opts...)
+			readValues(t, c, counter("FastCounter.1"))
+			p.mu.Lock()
+			p.armed = true
+			p.mu.Unlock()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_, err := c.Read(ctx, &ua.ReadRequest{NodesToRead: []*ua.ReadValueID{{NodeID: counter("FastCounter.1"), AttributeID: ua.AttributeIDValue}}})
+			if err == nil {
+				t.Fatal("tampered Read answered")
+			}
+			select {
+			case <-p.done:
+			case <-time.After(5 * time.Second):
+				t.Fatal("server did not close the channel")
+			}
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if p.errCode != ua.StatusBadSecurityChecksFailed {
+				t.Errorf("ERR %v, want BadSecurityChecksFailed", p.errCode)
+			}
+		})
+	}
+}
