@@ -32,6 +32,29 @@ type job struct {
 	owner    string
 	received time.Time
 	entry    *fairqueue.Entry[*job]
+	slot     bool // holds one of s.slots (crypto-in-gate)
+}
+
+// takeSlot is the crypto-in-gate fault's worker admission: a Read is handed
+// over only when a worker is free for it (a slot of s.slots, one per
+// worker, held until its response is written), and the reader waits for
+// one, holding a secured channel's send gate. It reports false when the
+// channel closed while waiting.
+func (s *Server) takeSlot(cn *conn) bool {
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	case <-cn.ctx.Done():
+		return false
+	}
+}
+
+// releaseSlot gives back j's slot, if it holds one.
+func (s *Server) releaseSlot(j *job) {
+	if j.slot {
+		j.slot = false
+		<-s.slots
+	}
 }
 
 // deadline is the request's TimeoutHint deadline, zero if none.
@@ -87,8 +110,10 @@ func (s *Server) admit(j *job) {
 	switch {
 	case err == nil:
 	case errors.Is(err, fairqueue.ErrStopped):
+		s.releaseSlot(j)
 		j.ch.Respond(j.reqID, s.fault(j.req, ua.StatusBadServerHalted))
 	default: // ErrFull, ErrOwnerFull
+		s.releaseSlot(j)
 		s.stats.tooBusy.Add(1)
 		j.ch.Respond(j.reqID, s.fault(j.req, StatusBadServerTooBusy))
 	}
@@ -132,6 +157,7 @@ func (s *Server) work() {
 // runJob executes j. A panic answers the request with a ServiceFault
 // BadInternalError and closes its channel; the worker lives on.
 func (s *Server) runJob(j *job) {
+	defer s.releaseSlot(j)
 	defer func() {
 		if p := recover(); p != nil {
 			s.stats.panics.Add(1)
@@ -191,6 +217,12 @@ func (s *Server) execute(j *job) {
 	default:
 		resp = s.fault(r, ua.StatusBadServiceUnsupported)
 	}
+	if s.cfg.Faults.Has(FaultCryptoInGate) {
+		// Fault crypto-in-gate: the worker sends its response itself and
+		// waits for the channel's send gate.
+		j.ch.SendNow(j.reqID, resp)
+		return
+	}
 	j.ch.Respond(j.reqID, resp)
 }
 
@@ -235,6 +267,7 @@ func (s *Server) cancelQueued(cn *conn, match func(*job) bool, code ua.StatusCod
 	}
 	cn.queued.mu.Unlock()
 	for _, j := range hits {
+		s.releaseSlot(j)
 		j.ch.Respond(j.reqID, s.fault(j.req, code))
 	}
 	return len(hits)
@@ -247,6 +280,7 @@ func (s *Server) haltQueued() {
 		j.conn.queued.mu.Lock()
 		delete(j.conn.queued.jobs, j)
 		j.conn.queued.mu.Unlock()
+		s.releaseSlot(j)
 		j.ch.Respond(j.reqID, s.fault(j.req, ua.StatusBadServerHalted))
 	}
 }

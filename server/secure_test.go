@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -336,6 +337,122 @@ func TestTamperedChunkClosesChannel(t *testing.T) {
 			defer p.mu.Unlock()
 			if p.errCode != ua.StatusBadSecurityChecksFailed {
 				t.Errorf("ERR %v, want BadSecurityChecksFailed", p.errCode)
+			}
+		})
+	}
+}
+
+// pipelineRun is the outcome of pipelinedReads.
+type pipelineRun struct {
+	completed int64         // Reads answered
+	want      int64         // Reads sent
+	longest   time.Duration // longest time without a completion
+}
+
+// pipelinedReads runs conns connections of client (None when its policy is
+// empty), each with depth Reads outstanding, per Reads per slot, against
+// ts, and stops early once no Read completed for stall.
+func pipelinedReads(t *testing.T, ts *testServer, client secureClient, conns, depth, per int, stall time.Duration) pipelineRun {
+	t.Helper()
+	var opts []opcua.Option
+	if client.policy != "" {
+		opts = client.options(t, ts.endpoint, ua.UserTokenTypeAnonymous)
+	} else {
+		opts = []opcua.Option{anonymous(t, ts.endpoint)}
+	}
+	clients := make([]*opcua.Client, conns)
+	for i := range clients {
+		c, err := dial(ts.endpoint, opts...)
+		if err != nil {
+			t.Fatalf("connect: %v", err)
+		}
+		clients[i] = c
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var completed atomic.Int64
+	var last atomic.Int64 // unix nanos of the last completion
+	last.Store(time.Now().UnixNano())
+	var wg sync.WaitGroup
+	for _, c := range clients {
+		for range depth {
+			wg.Go(func() {
+				for range per {
+					rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
+					_, err := c.Read(rctx, &ua.ReadRequest{NodesToRead: []*ua.ReadValueID{{NodeID: counter("FastCounter.1"), AttributeID: ua.AttributeIDValue}}})
+					rcancel()
+					if err != nil {
+						return
+					}
+					completed.Add(1)
+					last.Store(time.Now().UnixNano())
+				}
+			})
+		}
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	var run pipelineRun
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+watch:
+	for {
+		select {
+		case <-done:
+			break watch
+		case <-tick.C:
+			gap := time.Since(time.Unix(0, last.Load()))
+			run.longest = max(run.longest, gap)
+			if gap >= stall {
+				break watch
+			}
+		}
+	}
+	// A stalled server is stopped first: closing its channels ends the
+	// outstanding Reads, then the clients close without waiting.
+	_, _ = ts.stop(10 * time.Second)
+	cancel()
+	for _, c := range clients {
+		cctx, ccancel := context.WithTimeout(context.Background(), time.Second)
+		_ = c.Close(cctx)
+		ccancel()
+	}
+	wg.Wait()
+	run.completed, run.want = completed.Load(), int64(conns*depth*per)
+	return run
+}
+
+// TestFaultCryptoInGateStallsSecuredPipelines: 10 connections with 100
+// pipelined Reads each stop completing (no completion for 2 s) over
+// SignAndEncrypt under crypto-in-gate; they complete over SignAndEncrypt
+// without it, over None with it, and one Read at a time per connection
+// with it (the stall needs a pipeline deeper than the workers).
+func TestFaultCryptoInGateStallsSecuredPipelines(t *testing.T) {
+	key, cert := clientCredentials(t, testClientURI)
+	enc := secureClient{policy: ua.SecurityPolicyURIBasic256Sha256, mode: ua.MessageSecurityModeSignAndEncrypt, key: key, cert: cert}
+	const conns, depth, per = 10, 100, 3
+	const stall = 2 * time.Second
+	for _, tc := range []struct {
+		name       string
+		client     secureClient
+		faults     Faults
+		depth, per int
+		stalls     bool
+	}{
+		{"SignAndEncrypt/crypto-in-gate", enc, Faults{FaultCryptoInGate: true}, depth, per, true},
+		{"SignAndEncrypt", enc, nil, depth, per, false},
+		{"None/crypto-in-gate", secureClient{}, Faults{FaultCryptoInGate: true}, depth, per, false},
+		{"SignAndEncrypt/crypto-in-gate/one-at-a-time", enc, Faults{FaultCryptoInGate: true}, 1, 20, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := runServer(t, Config{Workers: 4, Faults: tc.faults})
+			run := pipelinedReads(t, ts, tc.client, conns, tc.depth, tc.per, stall)
+			t.Logf("%d of %d Reads completed, longest time without a completion %v", run.completed, run.want, run.longest.Round(time.Millisecond))
+			switch {
+			case tc.stalls && run.longest < stall:
+				t.Errorf("no stall: longest gap %v, want ≥ %v", run.longest, stall)
+			case !tc.stalls && (run.longest >= stall || run.completed != run.want):
+				t.Errorf("stalled: %d of %d Reads, longest gap %v", run.completed, run.want, run.longest)
 			}
 		})
 	}

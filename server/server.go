@@ -63,6 +63,11 @@ type Server struct {
 
 	leak leak // memory kept by the retain-memory fault
 
+	// slots bounds the Reads admitted and not yet answered to the number
+	// of workers under the crypto-in-gate fault (see takeSlot); nil
+	// otherwise.
+	slots chan struct{}
+
 	connsMu sync.Mutex
 	conns   map[*conn]struct{} // live secure channels
 
@@ -183,6 +188,9 @@ func New(cfg Config) (*Server, error) {
 		conns:   map[*conn]struct{}{},
 		decoder: uabin.NewDecoder(uabin.Limits{MaxDepth: cfg.MaxDecodeDepth}),
 		logins:  newLoginThrottle(cfg.LoginFreeFailures, cfg.LoginDelay, cfg.LoginDelayMax),
+	}
+	if cfg.Faults.Has(FaultCryptoInGate) {
+		s.slots = make(chan struct{}, s.workers())
 	}
 	s.newSubscriptions()
 	var seed [8]byte

@@ -99,7 +99,7 @@ func (s *Server) handle(cn *conn, ch *channel.Channel, msg channel.Message) {
 			resp = s.fault(r, code)
 			break
 		}
-		s.admit(&job{
+		j := &job{
 			conn:     cn,
 			ch:       ch,
 			sess:     sess,
@@ -108,7 +108,17 @@ func (s *Server) handle(cn *conn, ch *channel.Channel, msg channel.Message) {
 			handle:   hdr.RequestHandle,
 			owner:    s.owner(cn, sess),
 			received: now,
-		})
+		}
+		if s.slots != nil {
+			// Fault crypto-in-gate: wait for a free worker (on a secured
+			// channel, holding its send gate).
+			if !s.takeSlot(cn) {
+				resp = s.fault(r, ua.StatusBadSecureChannelClosed)
+				break
+			}
+			j.slot = true
+		}
+		s.admit(j)
 		return
 	default:
 		if isSubscriptionService(req) {
