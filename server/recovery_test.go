@@ -144,7 +144,7 @@ func TestRepublishForgetsFault(t *testing.T) {
 }
 
 // TestTransferSubscriptions: a subscription moves to another session of
-// the same (anonymous) user with its items and sequence numbers; the new
+// the same user (user1) with its items and sequence numbers; the new
 // session's Publish gets its data, the old one is told once
 // (GoodSubscriptionTransferred) and then has none left. Another
 // user's session may not take it. With transfer-drops it arrives empty.
@@ -155,18 +155,18 @@ func TestTransferSubscriptions(t *testing.T) {
 			cfg.Faults = Faults{FaultTransferDrops: true}
 		}
 		endpoint, srv := startServer(t, cfg)
-		a := connect(t, endpoint, anonymous(t, endpoint))
+		a := connect(t, endpoint, asUser(t, endpoint, "user1", "password"))
 		sub := subscribeCounter(t, a)
 		first := dataMessage(t, a, sub)
 		if first == nil {
 			t.Fatal("no data message")
 		}
-		other := connect(t, endpoint, asUser(t, endpoint, "user1", "password"))
+		other := connect(t, endpoint, asUser(t, endpoint, "user2", "password1"))
 		r, err := sendSvc(t, other, &ua.TransferSubscriptionsRequest{SubscriptionIDs: []uint32{sub}})
 		if err != nil || r.(*ua.TransferSubscriptionsResponse).Results[0].StatusCode != ua.StatusBadUserAccessDenied {
 			t.Fatalf("transfer to another user: %v %+v", err, r)
 		}
-		b := connect(t, endpoint, anonymous(t, endpoint))
+		b := connect(t, endpoint, asUser(t, endpoint, "user1", "password"))
 		r, err = sendSvc(t, b, &ua.TransferSubscriptionsRequest{SubscriptionIDs: []uint32{sub, 999}, SendInitialValues: true})
 		if err != nil {
 			t.Fatal(err)

@@ -457,3 +457,49 @@ func TestFaultCryptoInGateStallsSecuredPipelines(t *testing.T) {
 		})
 	}
 }
+
+// TestTransferSubscriptionsRule: Part 4's rule (5.14.7.1): a session of
+// the same user takes a subscription; an anonymous session takes one of
+// an anonymous session only with the same client ApplicationUri and over a
+// Sign or SignAndEncrypt channel of its own; anything else is
+// BadUserAccessDenied.
+func TestTransferSubscriptionsRule(t *testing.T) {
+	endpoint, _ := startServer(t, Config{Counters: 4})
+	key, cert := clientCredentials(t, testClientURI)
+	sign := secureClient{policy: ua.SecurityPolicyURIBasic256Sha256, mode: ua.MessageSecurityModeSign, key: key, cert: cert}
+	noneAnon := func(appURI string) []opcua.Option {
+		return []opcua.Option{anonymous(t, endpoint), opcua.ApplicationURI(appURI)}
+	}
+	signAnon := func(appURI string) []opcua.Option {
+		return append(sign.options(t, endpoint, ua.UserTokenTypeAnonymous), opcua.ApplicationURI(appURI))
+	}
+	signUser := func() []opcua.Option {
+		return append(sign.options(t, endpoint, ua.UserTokenTypeUserName), opcua.AuthUsername("user1", "password"))
+	}
+	for _, tc := range []struct {
+		name     string
+		from, to []opcua.Option
+		want     ua.StatusCode
+	}{
+		{"anonymous to anonymous over None", noneAnon(testClientURI), noneAnon(testClientURI), ua.StatusBadUserAccessDenied},
+		{"anonymous to anonymous over Sign, same ApplicationUri", signAnon(testClientURI), signAnon(testClientURI), ua.StatusOK},
+		{"anonymous over None to anonymous over Sign, same ApplicationUri", noneAnon(testClientURI), signAnon(testClientURI), ua.StatusOK},
+		{"anonymous to anonymous over Sign, other ApplicationUri", signAnon(testClientURI), signAnon("urn:opcua-chaos:other-client"), ua.StatusBadUserAccessDenied},
+		{"anonymous to user", signAnon(testClientURI), signUser(), ua.StatusBadUserAccessDenied},
+		{"user to anonymous", signUser(), signAnon(testClientURI), ua.StatusBadUserAccessDenied},
+		{"user to the same user over None", []opcua.Option{asUser(t, endpoint, "user1", "password")}, []opcua.Option{asUser(t, endpoint, "user1", "password")}, ua.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			from := connect(t, endpoint, tc.from...)
+			sub := subscribeCounter(t, from)
+			to := connect(t, endpoint, tc.to...)
+			r, err := sendSvc(t, to, &ua.TransferSubscriptionsRequest{SubscriptionIDs: []uint32{sub}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := r.(*ua.TransferSubscriptionsResponse).Results[0].StatusCode; got != tc.want {
+				t.Errorf("transfer: %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -60,6 +60,24 @@ func (s *Server) minSamplingInterval() time.Duration {
 	return 0
 }
 
+// transferAllowed applies Part 4's rule for TransferSubscriptions
+// (5.14.7.1, 1.05) to a subscription of session from moving to session to,
+// whose channel is secured (Sign or SignAndEncrypt) or not: a session of
+// the same user takes it; an anonymous session takes one of an anonymous
+// session only when both have the same client ApplicationUri and its own
+// channel is secured (over None, anyone could claim that ApplicationUri).
+func transferAllowed(from, to *session.Session, secured bool) bool {
+	if from == to {
+		return true
+	}
+	_, fromUser, _ := from.State()
+	_, toUser, _ := to.State()
+	if toUser != "" || fromUser != "" {
+		return fromUser == toUser
+	}
+	return secured && from.ClientAppURI() == to.ClientAppURI()
+}
+
 // nodeSource lets monitored items sample the server's other nodes (not the
 // Slow and Busy nodes, which would stall a sampling group).
 type nodeSource struct{ s *Server }
@@ -156,7 +174,7 @@ func (s *Server) subscriptionService(cn *conn, ch *channel.Channel, reqID uint32
 	case *ua.RepublishRequest:
 		respond(ss.Republish(r))
 	case *ua.TransferSubscriptionsRequest:
-		respond(s.transferSubscriptions(sess, ss, r))
+		respond(s.transferSubscriptions(cn, sess, ss, r))
 	case *ua.PublishRequest:
 		// A Publish waits for its subscription, not for a worker: parked,
 		// it holds no backpressure slot, so a client's outstanding
@@ -216,19 +234,19 @@ func (s *Server) subscriptionValue(name string) (any, bool) {
 	return nil, false
 }
 
-// transferSubscriptions serves TransferSubscriptions (Part 4 5.13.7):
-// each subscription moves to sess if the session that owns it belongs to
-// the same user (anonymous to anonymous): BadUserAccessDenied otherwise,
-// BadSubscriptionIDInvalid for one no session owns. A moved subscription
+// transferSubscriptions serves TransferSubscriptions (Part 4 5.13.7) on
+// channel cn: each subscription moves to sess if transferAllowed says so,
+// BadUserAccessDenied otherwise, BadSubscriptionIDInvalid for one no
+// session owns. A moved subscription
 // keeps its items, queued values, sequence numbers and retransmission
 // queue; the result lists the sequence numbers available for Republish.
 // The old session is not sent a StatusChangeNotification
 // (BadSubscriptionTransferred): its client asked for the transfer.
-func (s *Server) transferSubscriptions(sess *session.Session, ss *subscription.Session, r *ua.TransferSubscriptionsRequest) ua.Response {
+func (s *Server) transferSubscriptions(cn *conn, sess *session.Session, ss *subscription.Session, r *ua.TransferSubscriptionsRequest) ua.Response {
 	if len(r.SubscriptionIDs) == 0 {
 		return s.fault(r, ua.StatusBadNothingToDo)
 	}
-	_, user, _ := sess.State()
+	secured := cn.security().Secured()
 	results := make([]*ua.TransferResult, len(r.SubscriptionIDs))
 	for i, id := range r.SubscriptionIDs {
 		res := &ua.TransferResult{}
@@ -238,11 +256,9 @@ func (s *Server) transferSubscriptions(sess *session.Session, ss *subscription.S
 			res.StatusCode = ua.StatusBadSubscriptionIDInvalid
 			continue
 		}
-		if owner, ok := key.(*session.Session); ok {
-			if _, u, _ := owner.State(); u != user {
-				res.StatusCode = ua.StatusBadUserAccessDenied
-				continue
-			}
+		if owner, ok := key.(*session.Session); ok && !transferAllowed(owner, sess, secured) {
+			res.StatusCode = ua.StatusBadUserAccessDenied
+			continue
 		}
 		res.AvailableSequenceNumbers, res.StatusCode = s.subs.Transfer(id, key, ss, r.SendInitialValues, s.cfg.Faults.Has(FaultTransferDrops))
 	}
