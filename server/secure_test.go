@@ -503,3 +503,33 @@ func TestTransferSubscriptionsRule(t *testing.T) {
 		})
 	}
 }
+
+// TestQuirkNoCertOnNone: under no-cert-on-none, CreateSession on a None
+// channel without a client certificate returns no ServerCertificate (one
+// with a client certificate still gets it, GetEndpoints always has it);
+// without the quirk it is always returned.
+func TestQuirkNoCertOnNone(t *testing.T) {
+	_, cert := clientCredentials(t, testClientURI)
+	for _, quirk := range []bool{true, false} {
+		cfg := Config{}
+		if quirk {
+			cfg.Quirks = Quirks{QuirkNoCertOnNone: true}
+		}
+		endpoint, _ := startServer(t, cfg)
+		c := connect(t, endpoint, anonymous(t, endpoint))
+		nonce := make([]byte, 32)
+		for _, clientCert := range [][]byte{nil, cert} {
+			r, err := sendRaw(t, c, &ua.CreateSessionRequest{ClientDescription: clientDescription(), ClientCertificate: clientCert, ClientNonce: nonce, RequestedSessionTimeout: 10000}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := len(r.(*ua.CreateSessionResponse).ServerCertificate) > 0
+			if want := !quirk || clientCert != nil; got != want {
+				t.Errorf("quirk %v, client certificate %v: ServerCertificate returned %v, want %v", quirk, clientCert != nil, got, want)
+			}
+		}
+		if ep := noneEndpoint(t, endpoint); len(ep.ServerCertificate) == 0 {
+			t.Errorf("quirk %v: GetEndpoints without the certificate", quirk)
+		}
+	}
+}
