@@ -5,8 +5,23 @@
 // It is built on gopcua's protocol packages (ua types and codec, uacp
 // messages) with its own secure channel transport (internal/channel, in
 // place of gopcua's uasc), session layer and dispatch; gopcua's stock
-// server.Server is not used. Only SecurityPolicy None /
-// MessageSecurityMode None are offered.
+// server.Server is not used.
+//
+// # Security
+//
+// Endpoints are offered with SecurityPolicy None and, for Basic256Sha256,
+// Aes128_Sha256_RsaOaep and Aes256_Sha256_RsaPss, MessageSecurityMode Sign
+// and SignAndEncrypt (Config.Security, OPCUA_SECURITY=none,sign,sign-encrypt
+// limits them; a None channel always serves discovery, but CreateSession
+// on it is BadSecurityModeRejected when None is not offered). Any
+// well-formed client certificate with an RSA key of 2048 to 4096 bits is
+// accepted: there is no trust list. On a secured channel CreateSession
+// signs the client certificate and nonce, refuses a client certificate
+// that is not the channel's (BadCertificateInvalid), and ActivateSession
+// checks the client's signature over the server certificate and the last
+// server nonce (BadApplicationSignatureInvalid). TransferSubscriptions
+// follows Part 4 5.14.7.1: the same user, or anonymous to anonymous with
+// the same client ApplicationUri over a Sign or SignAndEncrypt channel.
 //
 // # Identity
 //
@@ -14,7 +29,9 @@
 // token only with a PolicyId the endpoints advertise:
 // "refserver-anonymous" (PolicyAnonymous; not offered with
 // Config.NoAnonymous) and "refserver-username-basic256sha256"
-// (PolicyUserName), whose SecurityPolicyUri is Basic256Sha256: the
+// (PolicyUserName), whose SecurityPolicyUri is Basic256Sha256 (on the
+// secured endpoints "refserver-username-channel", PolicyUserNameChannel,
+// with an empty SecurityPolicyUri: encrypted with the channel's policy): the
 // password must come encrypted with the server certificate (RSA-OAEP,
 // EncryptionAlgorithm http://www.w3.org/2001/04/xmlenc#rsa-oaep) in the
 // legacy secret layout (4-byte little-endian length of password and nonce,

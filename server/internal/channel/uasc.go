@@ -123,9 +123,16 @@ const (
 	maxSequence    = 4294966271 // wraps to 1 after this (Part 6, 6.7.2.4)
 )
 
-// SecureTransport is a Transport for one secure channel with SecurityPolicy
-// None: UA Connection Protocol framing and UA Secure Conversation chunks
-// over a net.Conn. It replaces gopcua's uasc.SecureChannel on the server
+// SecureTransport is a Transport for one secure channel: UA Connection
+// Protocol framing and UA Secure Conversation chunks over a net.Conn, with
+// SecurityPolicy None or, given Config.Security, a secured policy whose
+// chunks are signed (and encrypted) with gopcua's uapolicy algorithms. On a
+// secured channel every MSG and CLO chunk is verified (and decrypted) on
+// the reader with its token's keys and its sequence number checked (the
+// last one plus 1, wrapping as Part 6 says; an OPN chunk resets it); a
+// chunk that fails closes the channel with ERR BadSecurityChecksFailed or
+// BadSequenceNumberInvalid. Responses are sealed outside any lock, after
+// their sequence numbers were reserved, and written in order. It replaces gopcua's uasc.SecureChannel on the server
 // side, which buffers unfinished chunks without a bound, keeps a 64 KiB
 // buffer per chunk, writes every response as one chunk whatever the client's
 // receive buffer, and hands message bodies to gopcua's decoder unchecked.
