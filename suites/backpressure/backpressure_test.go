@@ -180,9 +180,30 @@ func diagnostics(ctx context.Context, e *env.Env, rec *history.Recorder, prefix 
 		rec.Mark("diagnostics", "not read: the server is not running")
 		return
 	}
-	spec.Diagnostics(ctx, e, prefix, diagnosticNodes, figs)
+	// The counters are reported, and two of them read by the
+	// backpressure check: a server too stalled to answer them (the
+	// stall and exactly-once checks judge it over the wire) must not end
+	// the spec before Judge. The read is marked unread instead, and the
+	// checks that needed the counters say they were not judged.
+	dctx, cancel := context.WithTimeout(ctx, diagnosticsTimeout)
+	defer cancel()
+	got, err := watch.ReadDiagnostics(dctx, e, diagnosticNodes)
+	if err != nil {
+		rec.Mark("diagnostics", "not read: "+err.Error())
+		GinkgoWriter.Printf("diagnostics not read: %v\n", err)
+		figs[prefix+"unread"] = 1
+		return
+	}
+	for n, v := range got {
+		figs[prefix+n] = v
+	}
 	spec.RecordReadings(rec, figs, prefix, "Channel.MaxPendingResponses", "Channel.BackpressurePauses", "Channel.LowestResume")
 }
+
+// diagnosticsTimeout bounds the read of the server's counters after the
+// load (a session of its own, one Read of six nodes: milliseconds on a
+// server that serves).
+const diagnosticsTimeout = 15 * time.Second
 
 // serverRuns records a reading of the server container's state (its exit,
 // with the OOM kill, once it died: watch.State) for the survival check
