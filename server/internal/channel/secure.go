@@ -8,9 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uapolicy"
+
+	"github.com/opcua-chaos/opcua-chaos/server/uasec"
 )
 
 // Security is what a transport needs to accept secured channels: the
@@ -188,15 +191,6 @@ func unseal(hdr, rest []byte, algo *uapolicy.EncryptionAlgorithm, encrypt, extra
 	return plain[:n-strip], nil
 }
 
-// symRoom is the body bytes one symmetric chunk of size chunk carries.
-func symRoom(chunk int, algo *uapolicy.EncryptionAlgorithm, encrypt bool) int {
-	if !encrypt {
-		return chunk - msgHeaderLen - algo.SignatureLength()
-	}
-	blocks := (chunk - symHeaderLen) / algo.BlockSize()
-	return blocks*algo.PlaintextBlockSize() - seqHeaderLen - algo.SignatureLength() - 1
-}
-
 // reserve reserves the sequence numbers of n chunks of a secured channel
 // and a ticket for writing them: tickets are written in the order they
 // were taken, so the numbers go out in order, while the chunks are signed
@@ -254,47 +248,32 @@ func (t *SecureTransport) sendSecured(reqID uint32, body []byte, tok uint32, key
 		t.sendMu.Lock()
 		defer t.sendMu.Unlock()
 	}
-	sec := keys.sec
-	room := symRoom(t.sendChunk, keys.algo, sec.encrypt())
+	room := keys.sym.MaxBody(t.sendChunk)
 	chunks := max(1, (len(body)+room-1)/room)
 	ticket, seq := t.reserve(chunks)
-	var out []byte
-	var sealErr error
+	out := make([]byte, 0, len(body)+chunks*keys.sym.Overhead(room))
+	keys.sealMu.Lock()
 	for i := range chunks {
 		part := body[i*room : min(len(body), (i+1)*room)]
 		kind := byte('C')
 		if i == chunks-1 {
 			kind = 'F'
 		}
-		b := make([]byte, 0, msgHeaderLen+len(part)+2*keys.algo.BlockSize()+keys.algo.SignatureLength())
-		b = append(b, "MSG"...)
-		b = append(b, kind, 0, 0, 0, 0)
-		b = binary.LittleEndian.AppendUint32(b, t.cfg.IDs.SecureChannelID)
-		b = binary.LittleEndian.AppendUint32(b, tok)
-		b = binary.LittleEndian.AppendUint32(b, seq)
-		b = binary.LittleEndian.AppendUint32(b, reqID)
-		b = append(b, part...)
+		out = keys.sym.Seal(out, "MSG", kind, t.cfg.IDs.SecureChannelID, tok, seq, reqID, part)
 		seq = seqAfter(seq)
-		b, sealErr = seal(b, symHeaderLen, keys.algo, sec.encrypt(), false)
-		if sealErr != nil {
-			break
-		}
-		if out == nil {
-			out = make([]byte, 0, chunks*len(b))
-		}
-		out = append(out, b...)
 	}
-	if sealErr != nil {
-		_ = t.writeInTurn(ticket, nil)
-		return t.fail(ua.StatusBadSecurityChecksFailed, sealErr)
-	}
+	keys.sealMu.Unlock()
 	return t.writeInTurn(ticket, out)
 }
 
-// symKeys are the symmetric keys of one security token.
+// symKeys are the symmetric keys of one security token (uasec).
 type symKeys struct {
-	sec  *secState
-	algo *uapolicy.EncryptionAlgorithm
+	sec *secState
+	sym *uasec.Symmetric
+	// sealMu keeps two Seals of the token apart (uasec's Symmetric reuses
+	// its MAC and cipher state): only the channel's writer seals, so it is
+	// uncontended; it is not the send gate.
+	sealMu sync.Mutex
 }
 
 // openRequest is an OpenSecureChannel request taken from its chunk.
@@ -396,24 +375,20 @@ func (t *SecureTransport) sealedOpenResponse(sec *secState, seq, reqID uint32, p
 	return b, nil
 }
 
-// unsealMessage verifies (and decrypts) a MSG or CLO chunk of a secured
-// channel and checks its sequence number. body is the frame after its
-// 8-byte header; it returns the chunk's sequence header and body.
-func (t *SecureTransport) unsealMessage(body []byte, keys *symKeys) ([]byte, error) {
-	var hdr [symHeaderLen]byte
-	copy(hdr[:], t.hdr[:])
-	copy(hdr[frameHeaderLen:], body[:symHeaderLen-frameHeaderLen])
-	plain, err := unseal(hdr[:], body[symHeaderLen-frameHeaderLen:], keys.algo, keys.sec.encrypt(), false)
+// openMessage verifies (and decrypts) a MSG or CLO chunk of a secured
+// channel in place and checks its sequence number. It returns the request
+// id and the chunk's body.
+func (t *SecureTransport) openMessage(chunk []byte, keys *symKeys) (reqID uint32, body []byte, err error) {
+	_, seq, reqID, body, err := keys.sym.Open(chunk)
 	if err != nil {
-		return nil, t.fail(ua.StatusBadSecurityChecksFailed, err)
+		return 0, nil, t.fail(uasec.Status(err), err)
 	}
-	seq := binary.LittleEndian.Uint32(plain)
 	// Each chunk's number is the last one plus 1; past maxSequence it
 	// wraps to a number below 1024 (Part 6, 6.7.2.4).
 	next := uint64(t.rseq) + 1
 	if t.rseqSet && uint64(seq) != next && !(next > maxSequence && seq < 1024) {
-		return nil, t.fail(ua.StatusBadSequenceNumberInvalid, fmt.Errorf("sequence number %d after %d", seq, t.rseq))
+		return 0, nil, t.fail(ua.StatusBadSequenceNumberInvalid, fmt.Errorf("sequence number %d after %d", seq, t.rseq))
 	}
 	t.rseq, t.rseqSet = seq, true
-	return plain, nil
+	return reqID, body, nil
 }

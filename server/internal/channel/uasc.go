@@ -17,6 +17,7 @@ import (
 	"github.com/gopcua/opcua/uapolicy"
 
 	"github.com/opcua-chaos/opcua-chaos/server/internal/uabin"
+	"github.com/opcua-chaos/opcua-chaos/server/uasec"
 )
 
 // IDs are the identifiers a server assigns to a new secure channel.
@@ -325,7 +326,10 @@ func (t *SecureTransport) readFrame() (typ string, chunk byte, body []byte, err 
 	case size > uint32(len(t.rbuf)):
 		return "", 0, nil, t.fail(ua.StatusBadTCPMessageTooLarge, fmt.Errorf("%s%c of %d bytes, receive buffer %d", typ, chunk, size, len(t.rbuf)))
 	}
-	body = t.rbuf[:size-frameHeaderLen]
+	// The whole chunk stays contiguous in rbuf: secured chunks are opened
+	// in place, header included.
+	copy(t.rbuf, t.hdr[:])
+	body = t.rbuf[frameHeaderLen:size]
 	if _, err := io.ReadFull(t.conn, body); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
@@ -395,7 +399,7 @@ func (t *SecureTransport) Receive(ctx context.Context) (Message, error) {
 			}
 		case "CLO":
 			if t.sec != nil {
-				if _, err := t.secureChunk(chunk, body); err != nil {
+				if _, _, err := t.secureChunk(chunk, body); err != nil {
 					return Message{}, err
 				}
 			}
@@ -474,11 +478,11 @@ func (t *SecureTransport) openSecureChannel(chunk byte, body []byte) error {
 		if serverNonce, err = op.sec.asym.MakeNonce(); err != nil {
 			return t.fail(ua.StatusBadTCPInternalError, fmt.Errorf("server nonce: %w", err))
 		}
-		algo, err := uapolicy.Symmetric(op.sec.policy, serverNonce, req.ClientNonce)
+		sym, err := uasec.NewSymmetric(op.sec.policy, op.sec.mode, serverNonce, req.ClientNonce)
 		if err != nil {
-			return t.fail(ua.StatusBadSecurityPolicyRejected, fmt.Errorf("symmetric keys: %w", err))
+			return t.fail(uasec.Status(err), fmt.Errorf("symmetric keys: %w", err))
 		}
-		keys = &symKeys{sec: op.sec, algo: algo}
+		keys = &symKeys{sec: op.sec, sym: sym}
 	}
 	fail := func(code ua.StatusCode, err error) error {
 		if op.sec == nil {
@@ -609,25 +613,27 @@ func (t *SecureTransport) ReleaseGate() {
 }
 
 // secureChunk checks a MSG or CLO chunk's channel and token and, on a
-// secured channel, verifies and decrypts it with its token's keys. It
-// returns the chunk's sequence header and body.
-func (t *SecureTransport) secureChunk(chunk byte, body []byte) ([]byte, error) {
+// secured channel, verifies and decrypts it in place with its token's keys
+// and checks its sequence number. body is the chunk after its 8-byte
+// frame header, in rbuf. It returns the request id and the chunk's body.
+func (t *SecureTransport) secureChunk(chunk byte, body []byte) (reqID uint32, data []byte, err error) {
 	if len(body) < msgHeaderLen-frameHeaderLen {
-		return nil, t.fail(ua.StatusBadDecodingError, fmt.Errorf("chunk %c of %d bytes: no header", chunk, len(body)+frameHeaderLen))
+		return 0, nil, t.fail(ua.StatusBadDecodingError, fmt.Errorf("chunk %c of %d bytes: no header", chunk, len(body)+frameHeaderLen))
 	}
 	r := reader{b: body}
 	chID, token := r.u32(), r.u32()
 	if chID != t.cfg.IDs.SecureChannelID {
-		return nil, t.fail(ua.StatusBadTCPSecureChannelUnknown, fmt.Errorf("secure channel %d", chID))
+		return 0, nil, t.fail(ua.StatusBadTCPSecureChannelUnknown, fmt.Errorf("secure channel %d", chID))
 	}
 	keys, err := t.checkToken(token)
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	if t.sec == nil {
-		return r.b, nil
+		_, reqID = r.u32(), r.u32() // sequence number, request id
+		return reqID, r.b, nil
 	}
-	return t.unsealMessage(body, keys)
+	return t.openMessage(t.rbuf[:frameHeaderLen+len(body)], keys)
 }
 
 // message handles a MSG chunk. It returns ok when a request is complete.
@@ -655,16 +661,10 @@ func (t *SecureTransport) message(chunk byte, body []byte) (Message, bool, error
 
 // messageChunk is message without the gate.
 func (t *SecureTransport) messageChunk(chunk byte, body []byte) (Message, bool, error) {
-	plain, err := t.secureChunk(chunk, body)
+	reqID, data, err := t.secureChunk(chunk, body)
 	if err != nil {
 		return Message{}, false, err
 	}
-	r := reader{b: plain}
-	_, reqID := r.u32(), r.u32() // sequence number, request id
-	if r.err {
-		return Message{}, false, t.fail(ua.StatusBadDecodingError, fmt.Errorf("MSG%c: no sequence header", chunk))
-	}
-	data := r.b
 	p := t.partial[reqID]
 	switch chunk {
 	case 'A':
@@ -826,7 +826,7 @@ func (t *SecureTransport) Send(ctx context.Context, reqID uint32, resp ua.Respon
 	tok, keys := t.sendTok, t.sendKeys
 	t.tokMu.Unlock()
 	if keys != nil {
-		if room := symRoom(t.sendChunk, keys.algo, keys.sec.encrypt()); room != maxBody {
+		if room := keys.sym.MaxBody(t.sendChunk); room != maxBody {
 			// The response was sized for a None chunk: recount.
 			chunks = max(1, (len(body)+room-1)/room)
 			if t.peerMaxChunks > 0 && chunks > t.peerMaxChunks {
