@@ -238,12 +238,12 @@ func (s *Server) createSession(cn *conn, r *ua.CreateSessionRequest, now time.Ti
 		if len(r.ClientNonce) < session.NonceSize {
 			return s.fault(r, ua.StatusBadNonceInvalid)
 		}
-		b, err := sec.Asymmetric.Signature(append(bytes.Clone(sec.ClientCertificate), r.ClientNonce...))
-		if err != nil {
+		// Over the channel's client certificate and the client nonce.
+		var err error
+		if sig, err = sec.Asymmetric.SessionSignature(r.ClientNonce); err != nil {
 			s.log.Error("cannot sign the session", "channel", cn.id, "err", err)
 			return s.fault(r, ua.StatusBadInternalError)
 		}
-		sig = &ua.SignatureData{Algorithm: sec.Asymmetric.SignatureURI(), Signature: b}
 	}
 	timeout := time.Duration(r.RequestedSessionTimeout * float64(time.Millisecond))
 	sess := s.sessions.Create(r.SessionName, timeout, now)
@@ -288,7 +288,8 @@ func (s *Server) clientSignature(sec channel.ChannelSecurity, sig *ua.SignatureD
 	if sig.Algorithm != sec.Asymmetric.SignatureURI() {
 		return fmt.Sprintf("client signature algorithm %q, want %q", sig.Algorithm, sec.Asymmetric.SignatureURI())
 	}
-	if err := sec.Asymmetric.VerifySignature(append(bytes.Clone(s.creds.cert), nonce...), sig.Signature); err != nil {
+	// Over our certificate and the nonce.
+	if err := sec.Asymmetric.VerifySessionSignature(nonce, sig); err != nil {
 		return "client signature does not verify"
 	}
 	return ""

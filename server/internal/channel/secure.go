@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"crypto/rsa"
 	"crypto/x509"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 
 	"github.com/gopcua/opcua/ua"
-	"github.com/gopcua/opcua/uapolicy"
 
 	"github.com/opcua-chaos/opcua-chaos/server/uasec"
 )
@@ -55,7 +52,7 @@ type ChannelSecurity struct {
 	// Asymmetric signs with the server's key and verifies with the
 	// client's (and decrypts with the server's key); nil on a None
 	// channel.
-	Asymmetric *uapolicy.EncryptionAlgorithm
+	Asymmetric *uasec.Asymmetric
 }
 
 // Secured reports whether the channel signs its messages.
@@ -76,7 +73,10 @@ type secState struct {
 	policy     string
 	mode       ua.MessageSecurityMode
 	clientCert []byte
-	asym       *uapolicy.EncryptionAlgorithm
+	// asym opens and seals the channel's OPN chunks and makes the session
+	// signatures. OPN chunks are signed and encrypted in both modes; the
+	// channel's mode is mode.
+	asym *uasec.Asymmetric
 }
 
 func (s *secState) encrypt() bool { return s.mode == ua.MessageSecurityModeSignAndEncrypt }
@@ -96,99 +96,6 @@ func clientKey(der []byte) (*rsa.PublicKey, error) {
 		return nil, fmt.Errorf("client certificate key of %d bits, want %d to %d", bits, minRSABits, maxRSABits)
 	}
 	return pub, nil
-}
-
-// seal signs, pads and encrypts one chunk in place. b holds the chunk from
-// its message header to the end of its body, message size not yet set;
-// the first hdrLen bytes (message and security headers) stay plain. With
-// encrypt, the padding makes the encrypted part whole plaintext blocks;
-// extraPad adds the ExtraPaddingSize byte (an asymmetric key above 2048
-// bits). It returns the chunk to write.
-func seal(b []byte, hdrLen int, algo *uapolicy.EncryptionAlgorithm, encrypt, extraPad bool) ([]byte, error) {
-	sigLen := algo.SignatureLength()
-	if encrypt {
-		pb := algo.PlaintextBlockSize()
-		padBytes := 1
-		if extraPad {
-			padBytes = 2
-		}
-		n := len(b) - hdrLen + sigLen + padBytes
-		pad := (pb - n%pb) % pb
-		for range pad + 1 {
-			b = append(b, byte(pad))
-		}
-		if extraPad {
-			b = append(b, byte(pad>>8))
-		}
-		encLen := (len(b) - hdrLen + sigLen) / pb * algo.BlockSize()
-		binary.LittleEndian.PutUint32(b[4:], uint32(hdrLen+encLen))
-	} else {
-		binary.LittleEndian.PutUint32(b[4:], uint32(len(b)+sigLen))
-	}
-	sig, err := algo.Signature(b)
-	if err != nil {
-		return nil, fmt.Errorf("sign chunk: %w", err)
-	}
-	b = append(b, sig...)
-	if !encrypt {
-		return b, nil
-	}
-	enc, err := algo.Encrypt(b[hdrLen:])
-	if err != nil {
-		return nil, fmt.Errorf("encrypt chunk: %w", err)
-	}
-	return append(b[:hdrLen], enc...), nil
-}
-
-// errChecks is why a chunk fails its security checks.
-var errChecks = errors.New("security checks failed")
-
-// unseal decrypts and verifies a chunk: hdr is its plain part (message and
-// security headers, as received), rest what follows. It returns the
-// plaintext from the sequence header to the end of the body (padding and
-// signature removed). extraPad says the sender added an ExtraPaddingSize
-// byte (our asymmetric key is above 2048 bits).
-func unseal(hdr, rest []byte, algo *uapolicy.EncryptionAlgorithm, encrypt, extraPad bool) ([]byte, error) {
-	plain := rest
-	if encrypt {
-		if len(rest) == 0 || len(rest)%algo.BlockSize() != 0 {
-			return nil, fmt.Errorf("%w: %d encrypted bytes, block size %d", errChecks, len(rest), algo.BlockSize())
-		}
-		var err error
-		if plain, err = algo.Decrypt(rest); err != nil {
-			return nil, fmt.Errorf("%w: decrypt: %v", errChecks, err)
-		}
-	}
-	sigLen := algo.RemoteSignatureLength()
-	if len(plain) < seqHeaderLen+sigLen {
-		return nil, fmt.Errorf("%w: chunk too short for its signature", errChecks)
-	}
-	signed := make([]byte, 0, len(hdr)+len(plain)-sigLen)
-	signed = append(append(signed, hdr...), plain[:len(plain)-sigLen]...)
-	if err := algo.VerifySignature(signed, plain[len(plain)-sigLen:]); err != nil {
-		return nil, fmt.Errorf("%w: signature: %v", errChecks, err)
-	}
-	plain = plain[:len(plain)-sigLen]
-	if !encrypt {
-		return plain, nil
-	}
-	n := len(plain)
-	if n < 1 {
-		return nil, fmt.Errorf("%w: no padding", errChecks)
-	}
-	pad := int(plain[n-1])
-	strip := pad + 1
-	if extraPad {
-		if n < 2 {
-			return nil, fmt.Errorf("%w: no padding", errChecks)
-		}
-		pad = pad<<8 | int(plain[n-2])
-		strip = pad + 2
-	}
-	if strip > n-seqHeaderLen {
-		return nil, fmt.Errorf("%w: padding of %d bytes in %d", errChecks, pad, n)
-	}
-	return plain[:n-strip], nil
 }
 
 // reserve reserves the sequence numbers of n chunks of a secured channel
@@ -283,10 +190,11 @@ type openRequest struct {
 	sec   *secState // nil for SecurityPolicy None
 }
 
-// readSecuredOpen checks and decrypts a secured OPN chunk: hdrLen is the
-// length of its message and asymmetric security headers (within the frame,
-// t.hdr then body), rest the encrypted remainder.
-func (t *SecureTransport) readSecuredOpen(body []byte, hdrLen int, policy string, senderCert, thumbprint []byte) (openRequest, error) {
+// readSecuredOpen checks, verifies and decrypts a secured OPN chunk with
+// uasec's Asymmetric; body is the chunk after its frame header, in rbuf,
+// and policy, senderCert and thumbprint come from its asymmetric security
+// header.
+func (t *SecureTransport) readSecuredOpen(body []byte, policy string, senderCert, thumbprint []byte) (openRequest, error) {
 	s := t.cfg.Security
 	if !s.offersPolicy(policy) {
 		return openRequest{}, t.fail(ua.StatusBadSecurityPolicyRejected, fmt.Errorf("security policy %q", policy))
@@ -298,32 +206,30 @@ func (t *SecureTransport) readSecuredOpen(body []byte, hdrLen int, policy string
 		// The request is not encrypted with our key.
 		return openRequest{}, t.fail(ua.StatusBadCertificateInvalid, fmt.Errorf("receiver thumbprint %x is not our certificate's", thumbprint))
 	}
-	pub, err := clientKey(senderCert)
-	if err != nil {
+	if _, err := clientKey(senderCert); err != nil {
 		return openRequest{}, t.fail(ua.StatusBadCertificateInvalid, err)
 	}
 	if t.open && !bytes.Equal(senderCert, t.sec.clientCert) {
 		return openRequest{}, t.fail(ua.StatusBadCertificateInvalid, errors.New("Renew with another client certificate"))
 	}
-	asym, err := uapolicy.Asymmetric(policy, s.PrivateKey, pub)
+	var asym *uasec.Asymmetric
+	if t.open {
+		asym = t.sec.asym
+	} else {
+		var err error
+		asym, err = uasec.NewAsymmetric(policy, ua.MessageSecurityModeSignAndEncrypt, s.PrivateKey, s.Certificate, bytes.Clone(senderCert))
+		if err != nil {
+			return openRequest{}, t.fail(uasec.Status(err), err)
+		}
+	}
+	_, seq, reqID, payload, err := asym.OpenOPN(t.rbuf[:frameHeaderLen+len(body)])
 	if err != nil {
-		return openRequest{}, t.fail(ua.StatusBadSecurityPolicyRejected, fmt.Errorf("asymmetric algorithm: %w", err))
+		return openRequest{}, t.fail(uasec.Status(err), err)
 	}
-	hdr := make([]byte, 0, hdrLen)
-	hdr = append(append(hdr, t.hdr[:]...), body[:hdrLen-frameHeaderLen]...)
-	plain, err := unseal(hdr, body[hdrLen-frameHeaderLen:], asym, true, s.PrivateKey.Size() > 256)
-	if err != nil {
-		return openRequest{}, t.fail(ua.StatusBadSecurityChecksFailed, fmt.Errorf("OPN: %w", err))
-	}
-	r := reader{b: plain}
-	seq, reqID := r.u32(), r.u32()
-	if r.err {
-		return openRequest{}, t.fail(ua.StatusBadDecodingError, errors.New("OPN sequence header"))
-	}
-	// An OPN chunk sets the expected sequence number: gopcua's client, for
-	// one, renews on a copy of its counter while requests go on.
+	// An OPN chunk sets the expected sequence number, as open62541 does:
+	// gopcua's client renews on a copy of its counter.
 	t.rseq, t.rseqSet = seq, true
-	v, err := t.decode(slices.Clone(r.b))
+	v, err := t.decode(payload)
 	if err != nil {
 		return openRequest{}, t.fail(ua.StatusBadDecodingError, fmt.Errorf("OpenSecureChannel: %w", err))
 	}
@@ -352,20 +258,7 @@ func (t *SecureTransport) readSecuredOpen(body []byte, hdrLen int, policy string
 // certificate's thumbprint), sequence header, payload, signed and
 // encrypted with the asymmetric algorithm.
 func (t *SecureTransport) sealedOpenResponse(sec *secState, seq, reqID uint32, payload []byte) ([]byte, error) {
-	thumb := uapolicy.Thumbprint(sec.clientCert)
-	b := append([]byte("OPNF"), 0, 0, 0, 0)
-	b = binary.LittleEndian.AppendUint32(b, t.cfg.IDs.SecureChannelID)
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(sec.policy)))
-	b = append(b, sec.policy...)
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(t.cfg.Security.Certificate)))
-	b = append(b, t.cfg.Security.Certificate...)
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(thumb)))
-	b = append(b, thumb...)
-	hdrLen := len(b)
-	b = binary.LittleEndian.AppendUint32(b, seq)
-	b = binary.LittleEndian.AppendUint32(b, reqID)
-	b = append(b, payload...)
-	b, err := seal(b, hdrLen, sec.asym, true, sec.asym.BlockSize() > 256)
+	b, err := sec.asym.SealOPN(nil, t.cfg.IDs.SecureChannelID, seq, reqID, payload)
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/big"
 	"testing"
 	"time"
@@ -329,4 +330,97 @@ func mustSymmetric(t *testing.T, policy string) *uapolicy.EncryptionAlgorithm {
 		t.Fatal(err)
 	}
 	return sym
+}
+
+// seal (the raw client's) signs, pads and encrypts one chunk in place. b holds the chunk from
+// its message header to the end of its body, message size not yet set;
+// the first hdrLen bytes (message and security headers) stay plain. With
+// encrypt, the padding makes the encrypted part whole plaintext blocks;
+// extraPad adds the ExtraPaddingSize byte (an asymmetric key above 2048
+// bits). It returns the chunk to write.
+func seal(b []byte, hdrLen int, algo *uapolicy.EncryptionAlgorithm, encrypt, extraPad bool) ([]byte, error) {
+	sigLen := algo.SignatureLength()
+	if encrypt {
+		pb := algo.PlaintextBlockSize()
+		padBytes := 1
+		if extraPad {
+			padBytes = 2
+		}
+		n := len(b) - hdrLen + sigLen + padBytes
+		pad := (pb - n%pb) % pb
+		for range pad + 1 {
+			b = append(b, byte(pad))
+		}
+		if extraPad {
+			b = append(b, byte(pad>>8))
+		}
+		encLen := (len(b) - hdrLen + sigLen) / pb * algo.BlockSize()
+		binary.LittleEndian.PutUint32(b[4:], uint32(hdrLen+encLen))
+	} else {
+		binary.LittleEndian.PutUint32(b[4:], uint32(len(b)+sigLen))
+	}
+	sig, err := algo.Signature(b)
+	if err != nil {
+		return nil, fmt.Errorf("sign chunk: %w", err)
+	}
+	b = append(b, sig...)
+	if !encrypt {
+		return b, nil
+	}
+	enc, err := algo.Encrypt(b[hdrLen:])
+	if err != nil {
+		return nil, fmt.Errorf("encrypt chunk: %w", err)
+	}
+	return append(b[:hdrLen], enc...), nil
+}
+
+// errChecks is why a chunk fails its security checks.
+var errChecks = errors.New("security checks failed")
+
+// unseal (the raw client's) decrypts and verifies a chunk: hdr is its plain part (message and
+// security headers, as received), rest what follows. It returns the
+// plaintext from the sequence header to the end of the body (padding and
+// signature removed). extraPad says the sender added an ExtraPaddingSize
+// byte (our asymmetric key is above 2048 bits).
+func unseal(hdr, rest []byte, algo *uapolicy.EncryptionAlgorithm, encrypt, extraPad bool) ([]byte, error) {
+	plain := rest
+	if encrypt {
+		if len(rest) == 0 || len(rest)%algo.BlockSize() != 0 {
+			return nil, fmt.Errorf("%w: %d encrypted bytes, block size %d", errChecks, len(rest), algo.BlockSize())
+		}
+		var err error
+		if plain, err = algo.Decrypt(rest); err != nil {
+			return nil, fmt.Errorf("%w: decrypt: %v", errChecks, err)
+		}
+	}
+	sigLen := algo.RemoteSignatureLength()
+	if len(plain) < seqHeaderLen+sigLen {
+		return nil, fmt.Errorf("%w: chunk too short for its signature", errChecks)
+	}
+	signed := make([]byte, 0, len(hdr)+len(plain)-sigLen)
+	signed = append(append(signed, hdr...), plain[:len(plain)-sigLen]...)
+	if err := algo.VerifySignature(signed, plain[len(plain)-sigLen:]); err != nil {
+		return nil, fmt.Errorf("%w: signature: %v", errChecks, err)
+	}
+	plain = plain[:len(plain)-sigLen]
+	if !encrypt {
+		return plain, nil
+	}
+	n := len(plain)
+	if n < 1 {
+		return nil, fmt.Errorf("%w: no padding", errChecks)
+	}
+	pad := int(plain[n-1])
+	strip := pad + 1
+	if extraPad {
+		if n < 2 {
+			return nil, fmt.Errorf("%w: no padding", errChecks)
+		}
+		pad = pad<<8 | int(plain[n-2])
+		strip = pad + 2
+	}
+	if strip > n-seqHeaderLen {
+		return nil, fmt.Errorf("%w: padding of %d bytes in %d", errChecks, pad, n)
+	}
+	return plain[:n-strip], nil
 }

@@ -127,7 +127,8 @@ const (
 // SecureTransport is a Transport for one secure channel: UA Connection
 // Protocol framing and UA Secure Conversation chunks over a net.Conn, with
 // SecurityPolicy None or, given Config.Security, a secured policy whose
-// chunks are signed (and encrypted) with gopcua's uapolicy algorithms. On a
+// chunks are signed (and encrypted) with package uasec (OPN chunks with its
+// Asymmetric, MSG and CLO chunks with a Symmetric per token). On a
 // secured channel every MSG and CLO chunk is verified (and decrypted) on
 // the reader with its token's keys and its sequence number checked (the
 // last one plus 1, wrapping as Part 6 says; an OPN chunk resets it); a
@@ -462,7 +463,7 @@ func (t *SecureTransport) openSecureChannel(chunk byte, body []byte) error {
 			return t.fail(ua.StatusBadSecurityPolicyRejected, fmt.Errorf("security policy %q", policy))
 		}
 		var err error
-		if op, err = t.readSecuredOpen(body, len(body)-len(r.b)+frameHeaderLen, string(policy), senderCert, thumbprint); err != nil {
+		if op, err = t.readSecuredOpen(body, string(policy), senderCert, thumbprint); err != nil {
 			return err
 		}
 	}
