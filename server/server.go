@@ -231,6 +231,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	s.log.Info("starting",
 		"faults", s.cfg.Faults.String(),
 		"quirks", s.cfg.Quirks.String(),
+		"security", s.cfg.Security.String(),
 		"workers", s.workers(),
 		"weights", weightsString(s.cfg.OwnerWeights),
 		"queue", s.cfg.QueueSize,
