@@ -424,3 +424,21 @@ func unseal(hdr, rest []byte, algo *uapolicy.EncryptionAlgorithm, encrypt, extra
 	}
 	return plain[:n-strip], nil
 }
+
+// TestSecuredSequenceWrap: after maxSequence the client's numbers wrap to
+// one below 1024, which the server accepts, and go on from there.
+func TestSecuredSequenceWrap(t *testing.T) {
+	st, c := securedPair(t, ua.SecurityPolicyURIBasic256Sha256, ua.MessageSecurityModeSignAndEncrypt)
+	c.seq = maxSequence - 1 // the OPN chunk is maxSequence
+	errc := receive(st)
+	c.readOpen(t, c.sendOpen(t, ua.SecurityTokenRequestTypeIssue, c.mode, nil))
+	c.sendMsg(t, getEndpoints(), 1)
+	if err := <-errc; err != nil {
+		t.Fatalf("first number after the wrap: %v", err)
+	}
+	errc = receive(st)
+	c.sendMsg(t, getEndpoints(), 2)
+	if err := <-errc; err != nil {
+		t.Fatalf("second number after the wrap: %v", err)
+	}
+}
