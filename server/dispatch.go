@@ -35,8 +35,9 @@ type job struct {
 	slot     bool // holds one of s.slots (crypto-in-gate)
 }
 
-// takeSlot is the crypto-in-gate fault's worker admission: a Read is handed
-// over only when a worker is free for it (a slot of s.slots, one per
+// takeSlot is the crypto-in-gate fault's worker admission on secured
+// channels (None channels are left as they are): a Read is handed over
+// only when a worker is free for it (a slot of s.slots, one per
 // worker, held until its response is written), and the reader waits for
 // one, holding a secured channel's send gate. It reports false when the
 // channel closed while waiting.
@@ -217,9 +218,9 @@ func (s *Server) execute(j *job) {
 	default:
 		resp = s.fault(r, ua.StatusBadServiceUnsupported)
 	}
-	if s.cfg.Faults.Has(FaultCryptoInGate) {
-		// Fault crypto-in-gate: the worker sends its response itself and
-		// waits for the channel's send gate.
+	if j.slot {
+		// Fault crypto-in-gate (secured channels): the worker sends its
+		// response itself and waits for the channel's send gate.
 		j.ch.SendNow(j.reqID, resp)
 		return
 	}

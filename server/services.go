@@ -109,9 +109,9 @@ func (s *Server) handle(cn *conn, ch *channel.Channel, msg channel.Message) {
 			owner:    s.owner(cn, sess),
 			received: now,
 		}
-		if s.slots != nil {
-			// Fault crypto-in-gate: wait for a free worker (on a secured
-			// channel, holding its send gate).
+		if s.slots != nil && cn.security().Secured() {
+			// Fault crypto-in-gate: on a secured channel, wait for a free
+			// worker holding the channel's send gate.
 			if !s.takeSlot(cn) {
 				resp = s.fault(r, ua.StatusBadSecureChannelClosed)
 				break
