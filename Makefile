@@ -64,16 +64,20 @@ SUITE_NAMES = $$(for d in $(SUITE_DIRS); do basename $$d; done)
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
+# ci/step.sh prints each step before the chaos command exists (a cold
+# first run downloads and compiles for minutes): its start, a heartbeat
+# line every 10 s and its duration, or its output when it fails.
 $(CHAOS):
 	@mkdir -p $(BIN)
-	@go build -o $(CHAOS) ./fixtures/cmd/chaos
+	@ci/step.sh "downloading modules" go mod download
+	@ci/step.sh "compiling the chaos command" go build -o $(CHAOS) ./fixtures/cmd/chaos
 
 # The table's verdict (nothing selected, nothing judged, STRICT) decides
 # when Ginkgo passed; Ginkgo's exit status wins when it failed. The HTML
 # page comes last and never changes the exit status.
 chaos: $(CHAOS) ## run all suites against TARGET (LABEL_FILTER, SEED, STRICT) and print the summary
 	@OPCUA_CHAOS_RUN=$(RUN) OPCUA_CHAOS_LABEL_FILTER='$(LABEL_FILTER)' OPCUA_CHAOS_SUITES="$(SUITE_NAMES)" $(CHAOS) preflight
-	@go tool ginkgo build -r ./suites/... >/dev/null
+	@ci/step.sh "compiling the suites" go tool ginkgo build -r ./suites/...
 	@rc=0; OPCUA_CHAOS_RUN=$(RUN) go tool ginkgo $(GINKGO_FLAGS) $(SUITE_BINS) || rc=$$?; \
 	OPCUA_CHAOS_SUITES="$(SUITE_NAMES)" $(CHAOS) table $(REPORTS)/$(RUN) || { t=$$?; [ $$rc -ne 0 ] || rc=$$t; }; \
 	$(CHAOS) report $(REPORTS)/$(RUN) || true; \
