@@ -163,7 +163,7 @@ const (
 // sessionsOpened is the check that every session of the load opened.
 func sessionsOpened(name string, n int) check.Spec {
 	return check.Spec{Name: name, Config: check.ReadingsConfig{
-		Reading: readingSessionsOpened, Min: check.Bound(float64(n)), Max: check.Bound(float64(n)), Required: true,
+		Reading: readingSessionsOpened, Min: check.Bound(float64(n)), Max: check.Bound(float64(n)), Required: true, Count: true,
 		What: "sessions opened",
 	}}
 }
@@ -258,7 +258,7 @@ func slowChecks(throttle string) []check.Spec {
 		// channel when it falls behind stops the pipeline being sent
 		// (fault-on-overflow), which must read as its failure.
 		{Name: "slow-sent", Config: check.ReadingsConfig{
-			Reading: readingRequestsSent, Min: check.Bound(slowDepth), Max: check.Bound(slowDepth), Required: true,
+			Reading: readingRequestsSent, Min: check.Bound(slowDepth), Max: check.Bound(slowDepth), Required: true, Count: true,
 			What: "requests sent (a faulted channel stops the pipeline)",
 		}},
 		{Name: "slow-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},

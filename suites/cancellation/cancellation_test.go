@@ -497,7 +497,7 @@ const (
 // sessionsOpened is the check that every session of every phase opened.
 func sessionsOpened(name string) check.Spec {
 	return check.Spec{Name: name, Config: check.ReadingsConfig{
-		Reading: readingSessionsFailed, Stat: check.StatMax, Max: check.Bound(0), Required: true,
+		Reading: readingSessionsFailed, Stat: check.StatMax, Max: check.Bound(0), Required: true, Count: true,
 		What: "sessions that could not be opened",
 	}}
 }

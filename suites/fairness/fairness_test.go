@@ -58,6 +58,14 @@ func (t timeline) span() check.Span {
 	return check.Span{From: t.warmup, To: t.warmup + time.Duration(t.windows)*t.window, Window: t.window}
 }
 
+// quiet is the assumption that the host left the run alone, over the
+// span's own windows: a window it disturbed is left out of the shares.
+func (t timeline) quiet() check.Spec {
+	q := spec.Quiet(t.span())
+	q.Stage = check.Assumption
+	return q
+}
+
 // judged is the part of the run whose server-side readings show the
 // owners were backlogged: the judged windows.
 func (t timeline) judged() check.Span {
@@ -131,9 +139,20 @@ type owner struct {
 // requests under cond, while recording the server's CPU and its owners'
 // queue counters into the history (the assumptions' readings), and
 // returns the recorder and the extra figures (load and server usage).
-func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, tl timeline, owners []owner) (*history.Recorder, map[string]float64) {
+//
+// The load goes on past the planned windows while fewer than the planned
+// number of them were quiet (spec.MeasureQuiet, judged with the bounds of
+// tl's quiet assumption), at most as long again: windows the host
+// disturbed are left out of the shares, and the spec is judged on quiet
+// ones. The returned timeline has the windows the load covered.
+func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, tl timeline, owners []owner) (*history.Recorder, map[string]float64, timeline) {
 	GinkgoHelper()
 	rec := h.NewRecorder(map[string]string{"condition": cond.Name, "security": cond.SecurityMode()})
+	mq := spec.NewMeasureQuiet(rec, tl.quiet(), tl.windows)
+	if tl.nemesis {
+		// a soak needs a few quiet windows of its many, not all
+		mq.Want, mq.Extra = max(3, tl.windows/2), time.Duration(tl.windows/4)*tl.window
+	}
 	_, err := spec.Apply(ctx, e, rec, cond)
 	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
 	if n := measureCap(cond, sh); n > 0 && e.Server != nil {
@@ -143,7 +162,7 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 		rec.Mark("measure-cpu-cap", fmt.Sprintf("server limited to %.2f of %d cores so that the load driver and the proxy keep one", float64(n)/1e9, runtime.NumCPU()))
 	}
 
-	p := load.Profile{Name: "share", Endpoint: e.Endpoint, Duration: tl.runFor(), RequestTimeout: 30 * time.Second, Security: e.Security}
+	p := load.Profile{Name: "share", Endpoint: e.Endpoint, Duration: tl.runFor(), RequestTimeout: 30 * time.Second, Security: e.Security, Extend: mq.Extension()}
 	for _, o := range owners {
 		p.Sessions = append(p.Sessions, load.Sessions(o.sessions, o.user+"-", load.Session{
 			User: o.user, Password: o.password, Outstanding: deep,
@@ -175,7 +194,9 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 	if tl.nemesis {
 		figs["nemesis.steps"] = float64(steps)
 	}
-	return rec, figs
+	figs["quiet.extended_windows"] = float64(mq.Extended())
+	tl.windows = mq.Windows()
+	return rec, figs, tl
 }
 
 // measureCap is the CPU limit, in nano-CPUs, a share run of sh puts on a
@@ -226,7 +247,7 @@ func assumptions(name string, cond toxics.Condition, sh shape, tl timeline, owne
 		limit = float64(c) / 1e9
 	}
 	// The driver had CPU to spare: a client-bound run measured it.
-	out = append(out, spec.Headroom(limit))
+	out = append(out, spec.Headroom(limit), tl.quiet())
 	if sh.cpuBound && limit > 0 {
 		out = append(out, check.Assume(name+"-saturated", check.ReadingsConfig{
 			Reading: check.ReadingCPU, Stat: check.StatRate, Min: check.Bound(0.8 * limit),
@@ -258,21 +279,23 @@ func weighted(ctx context.Context, cond toxics.Condition, sh shape, tl timeline)
 	e := start(ctx, cond, "weights", "service-time", "users")
 	heavy, light, want, _ := h.Setup.Target.Weighted()
 	name := "weighted-" + sh.name
-	checks := append(assumptions(name, cond, sh, tl, heavy.Name, light.Name),
-		check.Spec{Name: name, Config: check.ShareConfig{
-			Span: tl.span(), Owners: []string{heavy.Name, light.Name},
-			Weights: map[string]float64{heavy.Name: want, light.Name: 1},
-			Kinds:   []history.Kind{sh.request.Kind}, MinRatio: 5.0 / 6, MinOutstanding: deep / 2, MinServed: 20,
-			Band: &check.ShareBand{Of: heavy.Name, Over: light.Name, Min: want * 5 / 6, Max: want * 7 / 6},
-		}},
-		check.Spec{Name: name + "-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{sh.request.Kind}}},
-	)
-	spec.Plan(checks...)
-	rec, figs := runShare(ctx, e, cond, sh, tl, []owner{
+	checks := func(tl timeline) []check.Spec {
+		return append(assumptions(name, cond, sh, tl, heavy.Name, light.Name),
+			check.Spec{Name: name, Config: check.ShareConfig{
+				Span: tl.span(), Owners: []string{heavy.Name, light.Name},
+				Weights: map[string]float64{heavy.Name: want, light.Name: 1},
+				Kinds:   []history.Kind{sh.request.Kind}, MinRatio: 5.0 / 6, MinOutstanding: deep / 2, MinServed: 20,
+				Band: &check.ShareBand{Of: heavy.Name, Over: light.Name, Min: want * 5 / 6, Max: want * 7 / 6},
+			}},
+			check.Spec{Name: name + "-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{sh.request.Kind}}},
+		)
+	}
+	spec.Plan(checks(tl)...)
+	rec, figs, ran := runShare(ctx, e, cond, sh, tl, []owner{
 		{heavy.Name, heavy.Password, 4},
 		{light.Name, light.Password, 4},
 	})
-	spec.Judge(ctx, "fairness", cond.Name, rec, figs, checks...)
+	spec.Judge(ctx, "fairness", cond.Name, rec, figs, checks(ran)...)
 }
 
 var _ = Describe("Fairness", spec.Property("fairness"), func() {
@@ -291,20 +314,22 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 		}
 		// min/max of two equal owners ≥ 0.8 is the 0.8–1.25
 		// band; the victim is served in every window.
-		checks := append(assumptions("isolation", cond, cpuBound, ciRun, flood.Name, victim.Name),
-			check.Spec{Name: "isolation", Config: check.ShareConfig{
-				Span: ciRun.span(), Owners: []string{flood.Name, victim.Name},
-				Kinds: []history.Kind{cpuBound.request.Kind}, MinRatio: 0.8, MinOutstanding: deep / 2, MinServed: 20,
-				Unstarved: []string{victim.Name},
-			}},
-			check.Spec{Name: "isolation-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{cpuBound.request.Kind}}},
-		)
-		spec.Plan(checks...)
-		rec, figs := runShare(ctx, e, cond, cpuBound, ciRun, []owner{
+		checks := func(tl timeline) []check.Spec {
+			return append(assumptions("isolation", cond, cpuBound, tl, flood.Name, victim.Name),
+				check.Spec{Name: "isolation", Config: check.ShareConfig{
+					Span: tl.span(), Owners: []string{flood.Name, victim.Name},
+					Kinds: []history.Kind{cpuBound.request.Kind}, MinRatio: 0.8, MinOutstanding: deep / 2, MinServed: 20,
+					Unstarved: []string{victim.Name},
+				}},
+				check.Spec{Name: "isolation-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{cpuBound.request.Kind}}},
+			)
+		}
+		spec.Plan(checks(ciRun)...)
+		rec, figs, ran := runShare(ctx, e, cond, cpuBound, ciRun, []owner{
 			{flood.Name, flood.Password, 8},
 			{victim.Name, victim.Password, 2},
 		})
-		spec.Judge(ctx, "fairness", cond.Name, rec, figs, checks...)
+		spec.Judge(ctx, "fairness", cond.Name, rec, figs, checks(ran)...)
 	}, spec.Entries(toxics.CI(), nil, SpecTimeout(2*time.Minute)),
 		spec.Entries(secured, nil, SpecTimeout(2*time.Minute), spec.Nightly))
 
