@@ -3,11 +3,11 @@
 # before the chaos command exists (downloading modules, compiling), so a
 # cold first run says what it is doing. It prints
 #
-#   step: LABEL…                       after the first second
+#   step: LABEL…                       after the first 3 s
 #     … LABEL (10 s)                   every 10 s while CMD runs
 #   step: LABEL done in 42 s           (failed after 42 s, with CMD's output)
 #
-# A step done within the first second prints its done line only. CMD's
+# A step done within 3 s (a warm one) prints its done line only. CMD's
 # output is kept back and shown only when it fails; its exit status is
 # step.sh's.
 set -u
@@ -32,7 +32,7 @@ begin=$(now)
 # The heartbeat's sleeps write nowhere, so that none keeps a pipe
 # (make chaos | tee) open once the step is over.
 (
-	sleep 1 >/dev/null 2>&1 </dev/null
+	sleep 3 >/dev/null 2>&1 </dev/null
 	echo "step: $label…"
 	while sleep "$every" >/dev/null 2>&1 </dev/null; do
 		echo "  … $label ($(( ($(now) - begin + 5) / 10 )) s)"
