@@ -228,16 +228,19 @@ func measureCap(cond toxics.Condition, sh shape) int64 {
 // yet it runs dry over and over, and its share falls to the light owner's.
 // A CPU-limited server serving CPU-bound requests must be saturated (≥ 80
 // % of its limit), or the shares say nothing about its scheduler. And the
-// load driver had CPU to spare (spec.Headroom).
+// load driver had CPU to spare (spec.Headroom). The two backlog
+// assumptions read the server's own counters (check.AssumeServer): a
+// server whose bug empties them (owners keyed by session, not user)
+// fails on its shares, named first, instead of reading not judged.
 func assumptions(name string, cond toxics.Condition, sh shape, tl timeline, owners ...string) []check.Spec {
 	var out []check.Spec
 	for _, o := range owners {
 		out = append(out,
-			check.Assume(name+"-backlog-"+o, check.ReadingsConfig{
+			check.AssumeServer(name+"-backlog-"+o, check.ReadingsConfig{
 				Span: tl.judged(), Reading: "diag.Owner." + o + ".Queued", Stat: check.StatMedian, Min: check.Bound(minServerBacklog),
 				What: "median requests of owner " + o + " queued at the server",
 			}),
-			check.Assume(name+"-dry-"+o, check.ReadingsConfig{
+			check.AssumeServer(name+"-dry-"+o, check.ReadingsConfig{
 				Span: tl.judged(), Reading: "diag.Owner." + o + ".Emptied", Stat: check.StatDelta, Ratio: "diag.Owner." + o + ".Dispatched", Max: check.Bound(maxDryRate),
 				What: "times owner " + o + "'s queue ran dry at the server per request dispatched",
 			}))
