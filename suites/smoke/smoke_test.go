@@ -117,7 +117,12 @@ var _ = Describe("Smoke", Label("property:smoke"), func() {
 	secured := toxics.Baseline.WithSecurity(toxics.SecuritySignEncrypt)
 	It("reads ServerStatus through the proxy on SignAndEncrypt channels", spec.Condition(secured.Name), readsStatus(secured), SpecTimeout(2*time.Minute))
 
-	It("adds 40–60 ms of median read latency under a 50 ms downstream latency toxic, and loses it when removed", spec.Condition("latency"), func(ctx SpecContext) {
+	// The band is one-sided in what a busy host can do: timers that fire
+	// late (the proxy's, the client's) only add latency, so a shared CI
+	// machine measured 61 ms for the 50 ms toxic; what the smoke test
+	// must catch is a toxic not applied (< 40 ms) or applied twice (both
+	// directions: ≥ 100 ms), and one left behind.
+	It("adds 40–90 ms of median read latency under a 50 ms downstream latency toxic, and loses it when removed", spec.Condition("latency"), func(ctx SpecContext) {
 		e := start(ctx)
 		c := openSession(ctx, e.Endpoint)
 		exp := gmeasure.NewExperiment("read latency through the proxy")
@@ -140,8 +145,12 @@ var _ = Describe("Smoke", Label("property:smoke"), func() {
 
 		added := slow - base
 		figs := map[string]float64{"baseline_median_ms": ms(base), "toxic_median_ms": ms(slow), "after_median_ms": ms(after), "added_ms": ms(added)}
-		spec.Record(report.Result{Property: "smoke", Condition: "latency", Verdict: report.Pass, Figures: figs})
-		Expect(added).To(BeNumerically("~", 50*time.Millisecond, 10*time.Millisecond),
+		verdict := report.Pass
+		if added < 40*time.Millisecond || added >= 90*time.Millisecond || after >= base+10*time.Millisecond {
+			verdict = report.Fail
+		}
+		spec.Record(report.Result{Property: "smoke", Condition: "latency", Verdict: verdict, Figures: figs})
+		Expect(added).To(And(BeNumerically(">=", 40*time.Millisecond), BeNumerically("<", 90*time.Millisecond)),
 			"median read latency: baseline %v, with toxic %v, after %v", base, slow, after)
 		Expect(after).To(BeNumerically("<", base+10*time.Millisecond),
 			"median read latency after removing the toxic: %v (baseline %v)", after, base)
