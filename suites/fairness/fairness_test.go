@@ -194,7 +194,7 @@ func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, 
 	if tl.nemesis {
 		figs["nemesis.steps"] = float64(steps)
 	}
-	figs["quiet.extended_windows"] = float64(mq.Extended())
+	figs[report.HostExtended] = float64(mq.Extended())
 	tl.windows = mq.Windows()
 	return rec, figs, tl
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/report"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/subscribe"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
@@ -141,7 +142,7 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 			})
 			Expect(err).NotTo(HaveOccurred(), "subscribe")
 			figs := st.Figures()
-			figs["quiet.extended_windows"] = float64(mq.Extended())
+			figs[report.HostExtended] = float64(mq.Extended())
 			rec.Reading(readingRevisedSampling, float64(st.RevisedSampling)/float64(time.Millisecond))
 			spec.Judge(ctx, property, cond.Name, rec, figs, checks(mq.Span(span))...)
 		}, spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)),
