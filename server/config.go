@@ -142,6 +142,29 @@ const (
 	// "SendResponse blocked workers on the channel gate"); under None the
 	// reader never takes the gate and nothing changes.
 	FaultCryptoInGate Fault = "crypto-in-gate"
+	// FaultPerSessionOwners keys the fair queue's owners by session
+	// instead of by user: a user with 8 sessions gets 8 shares, and the
+	// per-owner diagnostics (Owner.<user>.*) stay at 0.
+	FaultPerSessionOwners Fault = "per-session-owners"
+	// FaultCancelTotal answers Cancel with the server's running total of
+	// cancelled requests as CancelCount instead of the number this Cancel
+	// removed.
+	FaultCancelTotal Fault = "cancel-running-total"
+	// FaultSessionsNeverExpire never closes a session whose timeout
+	// passed without a request: abandoned sessions pile up.
+	FaultSessionsNeverExpire Fault = "sessions-never-expire"
+	// FaultSkippedSequence skips every SkipSequenceEvery-th notification
+	// message sequence number of a subscription: the number is never sent
+	// nor listed in AvailableSequenceNumbers.
+	FaultSkippedSequence Fault = "skipped-sequence"
+	// FaultDuplicateSamples queues every DuplicateSampleEvery-th sample of
+	// a monitored item twice: the client receives a notification the item
+	// never had (the same value and source timestamp again).
+	FaultDuplicateSamples Fault = "duplicate-samples"
+	// FaultLateResumeSilent is FaultLateResume in a server that publishes
+	// no channel counters (the Channel.* diagnostics nodes are absent), so
+	// only the client side can see the late resume.
+	FaultLateResumeSilent Fault = "late-resume-silent"
 )
 
 // Parameters of the fault switches.
@@ -155,6 +178,12 @@ const (
 	// SlowLeakPerRequest is what the slow-leak fault keeps per served
 	// Read request (64 B).
 	SlowLeakPerRequest = 64
+	// SkipSequenceEvery is the skipped-sequence fault's period: sequence
+	// numbers 50, 100, … are skipped.
+	SkipSequenceEvery = 50
+	// DuplicateSampleEvery is the duplicate-samples fault's period: the
+	// 200th, 400th, … sample of each monitored item is queued twice.
+	DuplicateSampleEvery = 200
 )
 
 // AllFaults lists every fault switch.
@@ -166,6 +195,8 @@ var AllFaults = []Fault{
 	FaultSlowLeak,
 	FaultRepublishForgets, FaultNoReactivate, FaultTransferDrops,
 	FaultLateResume, FaultCryptoInGate,
+	FaultPerSessionOwners, FaultCancelTotal, FaultSessionsNeverExpire,
+	FaultSkippedSequence, FaultDuplicateSamples, FaultLateResumeSilent,
 }
 
 // Faults is a set of enabled fault switches.
