@@ -724,7 +724,9 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 			}),
 			check.Spec{Name: "race-sessions-released", Config: check.ReadingsConfig{
 				Reading: readingSessionsAfter, Minus: readingSessionsBaseline, Min: check.Bound(0), Max: check.Bound(0), Required: true,
-				What: fmt.Sprintf("CurrentSessionCount %v after the storm over its baseline (sessions of closed, timed out or reset connections not released)", sessionsSettle),
+				// a busy machine releases sessions later, never earlier
+				SlowerOnlyFails: true,
+				What:            fmt.Sprintf("CurrentSessionCount %v after the storm over its baseline (sessions of closed, timed out or reset connections not released)", sessionsSettle),
 			}},
 			check.Spec{Name: "race-probe", Config: check.ReadingsConfig{
 				Reading: readingProbeAfter, Stat: check.StatMedian, Ratio: readingProbeBefore, RatioFloor: probeFloorMS, Max: check.Bound(maxProbeRatio), Required: true,
