@@ -305,6 +305,11 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 		return nil, false, nil
 	}
 	if strings.HasPrefix(name, "Channel.") {
+		if s.cfg.Faults.Has(FaultLateResumeSilent) {
+			// Fault late-resume-silent: a server without channel
+			// counters; its late resume shows on the wire only.
+			return nil, false, nil
+		}
 		pauses, maxPending, pending, parked := s.chans.totals()
 		switch name {
 		case NodeBackpressurePauses:

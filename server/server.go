@@ -486,7 +486,7 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 		LowMark:         s.cfg.LowMark,
 		NoBackpressure:  s.cfg.Faults.Has(FaultNoBackpressure),
 		FaultOnOverflow: s.cfg.Faults.Has(FaultFaultOnOverflow),
-		LateResume:      s.cfg.Faults.Has(FaultLateResume),
+		LateResume:      s.cfg.Faults.Has(FaultLateResume) || s.cfg.Faults.Has(FaultLateResumeSilent),
 		Logger:          s.log.With("channel", id),
 		OnPanic:         func() { s.stats.panics.Add(1) },
 	})
