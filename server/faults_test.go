@@ -10,11 +10,13 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/gopcua/opcua"
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
 
@@ -198,4 +200,221 @@ func TestFaultUnboundedIdle(t *testing.T) {
 		t.Fatalf("fourth connection refused: %v", err)
 	}
 	c.Close()
+}
+
+// TestFaultPerSessionOwners: without per-session-owners the Reads of two
+// sessions of user1 share one fair queue owner, user1; with it each session
+// is an owner of its own (its session id), and the per-owner diagnostics
+// of user1 read 0.
+func TestFaultPerSessionOwners(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
+			endpoint, srv := startServer(t, Config{Faults: Faults{FaultPerSessionOwners: on}})
+			a := connect(t, endpoint, asUser(t, endpoint, "user1", "password"))
+			b := connect(t, endpoint, asUser(t, endpoint, "user1", "password"))
+			readValues(t, a, counter(NodeRequests))
+			readValues(t, b, counter(NodeRequests))
+			var owners []string
+			for _, o := range srv.queue.Owners() {
+				owners = append(owners, o.Owner)
+			}
+			enqueued := readInt(t, a, OwnerNode("user1", "Enqueued"))
+			if !on {
+				if len(owners) != 1 || owners[0] != "user1" || enqueued < 2 {
+					t.Fatalf("owners %q, Owner.user1.Enqueued %d; want only user1, with ≥ 2 Reads", owners, enqueued)
+				}
+				return
+			}
+			if len(owners) != 2 || !strings.HasPrefix(owners[0], "ns=1;i=") || !strings.HasPrefix(owners[1], "ns=1;i=") {
+				t.Fatalf("owners %q, want two session ids", owners)
+			}
+			if enqueued != 0 {
+				t.Fatalf("Owner.user1.Enqueued = %d, want 0 (owners are sessions)", enqueued)
+			}
+		})
+	}
+}
+
+// TestFaultCancelTotal: Cancel's CancelCount is the number of requests
+// this call cancelled (1, 1, then 0 for a handle found nowhere); with
+// cancel-running-total it is the server's running total (1, 2, 2).
+func TestFaultCancelTotal(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
+			endpoint, srv := startServer(t, Config{Workers: 1, Faults: Faults{FaultCancelTotal: on}})
+			c := connect(t, endpoint, asUser(t, endpoint, "user1", "password"))
+			cancelCount := func(handle uint32) uint32 {
+				t.Helper()
+				r, err := sendSvc(t, c, &ua.CancelRequest{RequestHandle: handle})
+				if err != nil {
+					t.Fatalf("Cancel: %v", err)
+				}
+				return r.(*ua.CancelResponse).CancelCount
+			}
+			var got []uint32
+			for range 2 {
+				running := occupyWorker(t, srv, c, 300)
+				queued := asyncRead(c, slowRead(1))
+				waitFor(t, "a queued request", func() bool { return len(queuedHandles(srv)) == 1 })
+				got = append(got, cancelCount(queuedHandles(srv)[0]))
+				if err := waitErr(t, queued, "cancelled read"); !errors.Is(err, ua.StatusBadRequestCancelledByClient) {
+					t.Fatalf("cancelled read: %v", err)
+				}
+				if err := waitErr(t, running, "running read"); err != nil {
+					t.Fatalf("running read: %v", err)
+				}
+			}
+			got = append(got, cancelCount(0xfffffff0))
+			want := []uint32{1, 1, 0}
+			if on {
+				want = []uint32{1, 2, 2}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("CancelCounts %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// TestFaultSessionsNeverExpire: a session idle past its 200 ms timeout is
+// closed (BadSessionIdInvalid afterwards); with sessions-never-expire it
+// stays open and serves the next Read.
+func TestFaultSessionsNeverExpire(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
+			endpoint, srv := startServer(t, Config{Faults: Faults{FaultSessionsNeverExpire: on}})
+			c := connect(t, endpoint, anonymous(t, endpoint), opcua.SessionTimeout(200*time.Millisecond))
+			readValues(t, c, counter(NodeRequests))
+			time.Sleep(800 * time.Millisecond) // four timeouts, many sweeps
+			counts := srv.sessions.Counts()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_, err := c.Read(ctx, statusReadRequest())
+			if !on {
+				if counts.Current != 0 || counts.Timeouts != 1 || !errors.Is(err, ua.StatusBadSessionIDInvalid) {
+					t.Fatalf("sessions %+v, Read after the timeout: %v; want it closed", counts, err)
+				}
+				return
+			}
+			if counts.Current != 1 || counts.Timeouts != 0 || err != nil {
+				t.Fatalf("sessions %+v, Read after the timeout: %v; want it open", counts, err)
+			}
+		})
+	}
+}
+
+// publishLoop creates a subscription (1 ms publishing interval) with one
+// reporting item on node (sampling 1 ms, queue 1000) and sends Publish
+// requests one at a time, none acknowledged, until done says stop or 5 s
+// pass. It returns the subscription id.
+func publishLoop(t *testing.T, c *opcua.Client, node string, done func(*ua.PublishResponse) bool) uint32 {
+	t.Helper()
+	r, err := sendSvc(t, c, &ua.CreateSubscriptionRequest{RequestedPublishingInterval: 1, RequestedMaxKeepAliveCount: 1000, RequestedLifetimeCount: 10000, PublishingEnabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := r.(*ua.CreateSubscriptionResponse).SubscriptionID
+	r, err = sendSvc(t, c, &ua.CreateMonitoredItemsRequest{
+		SubscriptionID: sub, TimestampsToReturn: ua.TimestampsToReturnBoth,
+		ItemsToCreate: []*ua.MonitoredItemCreateRequest{{
+			ItemToMonitor:       &ua.ReadValueID{NodeID: counter(node), AttributeID: ua.AttributeIDValue, DataEncoding: &ua.QualifiedName{}},
+			MonitoringMode:      ua.MonitoringModeReporting,
+			RequestedParameters: &ua.MonitoringParameters{ClientHandle: 1, SamplingInterval: 1, QueueSize: 1000, DiscardOldest: true, Filter: ua.NewExtensionObject(nil)},
+		}},
+	})
+	if err != nil || r.(*ua.CreateMonitoredItemsResponse).Results[0].StatusCode != ua.StatusOK {
+		t.Fatalf("CreateMonitoredItems: %v", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		r, err := sendSvc(t, c, &ua.PublishRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done(r.(*ua.PublishResponse)) {
+			return sub
+		}
+	}
+	t.Fatal("publish loop did not finish within 5 s")
+	return 0
+}
+
+// TestFaultSkippedSequence: a subscription's data messages are numbered
+// 1, 2, 3, … without a gap; with skipped-sequence SkipSequenceEvery (50)
+// is never used: 49 is followed by 51, 50 is never listed available, a
+// keep-alive never announces it, and Republish of it is
+// BadMessageNotAvailable.
+func TestFaultSkippedSequence(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
+			endpoint, _ := startServer(t, Config{Counters: 4, Faults: Faults{FaultSkippedSequence: on}})
+			c := connect(t, endpoint)
+			var seqs []uint32
+			sub := publishLoop(t, c, "FastCounter.0", func(p *ua.PublishResponse) bool {
+				msg := p.NotificationMessage
+				if len(msg.NotificationData) > 0 {
+					seqs = append(seqs, msg.SequenceNumber)
+				}
+				if on && (msg.SequenceNumber == SkipSequenceEvery || slices.Contains(p.AvailableSequenceNumbers, SkipSequenceEvery)) {
+					t.Fatalf("sequence number %d sent or announced: message %d (%d notifications), available %v",
+						SkipSequenceEvery, msg.SequenceNumber, len(msg.NotificationData), p.AvailableSequenceNumbers)
+				}
+				return len(seqs) > 0 && seqs[len(seqs)-1] > SkipSequenceEvery+1
+			})
+			for i := 1; i < len(seqs); i++ {
+				want := seqs[i-1] + 1
+				if on && want%SkipSequenceEvery == 0 {
+					want++
+				}
+				if seqs[i] != want {
+					t.Fatalf("message %d after %d, want %d; sequence %v", seqs[i], seqs[i-1], want, seqs)
+				}
+			}
+			_, err := sendSvc(t, c, &ua.RepublishRequest{SubscriptionID: sub, RetransmitSequenceNumber: SkipSequenceEvery})
+			if on != errors.Is(err, ua.StatusBadMessageNotAvailable) {
+				t.Fatalf("Republish of %d: %v", SkipSequenceEvery, err)
+			}
+		})
+	}
+}
+
+// TestFaultDuplicateSamples: SampledCounter.0 (its value is the number of
+// the sample) arrives as 1, 2, 3, … with no value twice; with
+// duplicate-samples the values DuplicateSampleEvery (200) and 400 arrive
+// twice, with the same source timestamp, and no other value does.
+func TestFaultDuplicateSamples(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
+			endpoint, _ := startServer(t, Config{Counters: 4, Faults: Faults{FaultDuplicateSamples: on}})
+			c := connect(t, endpoint)
+			var vals []*ua.DataValue
+			publishLoop(t, c, "SampledCounter.0", func(p *ua.PublishResponse) bool {
+				for _, d := range p.NotificationMessage.NotificationData {
+					if dc, ok := d.Value.(*ua.DataChangeNotification); ok {
+						for _, mi := range dc.MonitoredItems {
+							vals = append(vals, mi.Value)
+						}
+					}
+				}
+				return len(vals) > 0 && vals[len(vals)-1].Value.Value().(int64) > 2*DuplicateSampleEvery
+			})
+			var twice []int64
+			for i := 1; i < len(vals); i++ {
+				prev, v := vals[i-1].Value.Value().(int64), vals[i].Value.Value().(int64)
+				switch {
+				case v == prev && vals[i].SourceTimestamp.Equal(vals[i-1].SourceTimestamp):
+					twice = append(twice, v)
+				case v != prev+1:
+					t.Fatalf("value %d after %d", v, prev)
+				}
+			}
+			var want []int64
+			if on {
+				want = []int64{DuplicateSampleEvery, 2 * DuplicateSampleEvery}
+			}
+			if fmt.Sprint(twice) != fmt.Sprint(want) {
+				t.Fatalf("values received twice %v, want %v", twice, want)
+			}
+		})
+	}
 }

@@ -181,6 +181,7 @@ func New(cfg Config) (*Server, error) {
 			MaxSessions:        cfg.MaxSessions,
 			MaxUnactivated:     cfg.MaxUnactivatedSessions,
 			UnactivatedTimeout: cfg.UnactivatedTimeout,
+			NeverExpire:        cfg.Faults.Has(FaultSessionsNeverExpire),
 		}),
 		start:   time.Now(),
 		queue:   newQueue(cfg),

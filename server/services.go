@@ -133,6 +133,12 @@ func (s *Server) handle(cn *conn, ch *channel.Channel, msg channel.Message) {
 // owner classifies a request the way the .NET server does: the session's
 // user name, else the peer IP (there are no signed channels here).
 func (s *Server) owner(cn *conn, sess *session.Session) string {
+	if sess != nil && s.cfg.Faults.Has(FaultPerSessionOwners) {
+		// Fault per-session-owners: each session is an owner of its own
+		// (its public session id; the authentication token is secret), so
+		// a user's share grows with its sessions.
+		return sess.ID.String()
+	}
 	if sess != nil {
 		if _, user, _ := sess.State(); user != "" {
 			return user
@@ -373,6 +379,12 @@ func (s *Server) cancel(cn *conn, r *ua.CancelRequest, now time.Time) ua.Respons
 	n := s.cancelQueued(cn, func(j *job) bool {
 		return j.sess == sess && j.handle == r.RequestHandle
 	}, ua.StatusBadRequestCancelledByClient)
-	s.stats.cancelled.Add(int64(n))
-	return &ua.CancelResponse{ResponseHeader: respHeader(r, ua.StatusOK), CancelCount: uint32(n)}
+	total := s.stats.cancelled.Add(int64(n))
+	count := uint32(n)
+	if s.cfg.Faults.Has(FaultCancelTotal) {
+		// Fault cancel-running-total: the server's running total of
+		// requests cancelled by Cancel, not this call's.
+		count = uint32(total)
+	}
+	return &ua.CancelResponse{ResponseHeader: respHeader(r, ua.StatusOK), CancelCount: count}
 }

@@ -40,7 +40,11 @@ func (s *Server) newSubscriptions() {
 		SamplerSkips:  s.cfg.Faults.Has(FaultSamplerSkips),
 		PublishDrop:   s.cfg.Faults.Has(FaultPublishDrop),
 
-		RepublishForgets: s.cfg.Faults.Has(FaultRepublishForgets),
+		RepublishForgets:     s.cfg.Faults.Has(FaultRepublishForgets),
+		SkippedSequence:      s.cfg.Faults.Has(FaultSkippedSequence),
+		SkipSequenceEvery:    SkipSequenceEvery,
+		DuplicateSamples:     s.cfg.Faults.Has(FaultDuplicateSamples),
+		DuplicateSampleEvery: DuplicateSampleEvery,
 
 		MinSamplingInterval: s.minSamplingInterval(),
 

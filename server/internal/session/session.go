@@ -159,6 +159,10 @@ type Limits struct {
 	// UnactivatedTimeout closes a session not activated within it after
 	// its creation (whatever its session timeout); default 30 s.
 	UnactivatedTimeout time.Duration
+	// NeverExpire is the sessions-never-expire fault: an activated session
+	// idle for longer than its timeout is never closed. Sessions not yet
+	// activated still expire (UnactivatedTimeout, and their own timeout).
+	NeverExpire bool
 }
 
 // Counts are the manager's diagnostics.
@@ -290,7 +294,8 @@ func (m *Manager) Close(token *ua.NodeID) (*Session, bool) {
 
 // Expire closes every session idle for longer than its timeout, and every
 // session not activated within UnactivatedTimeout of its creation, and
-// returns them.
+// returns them. Under Limits.NeverExpire activated sessions are left open
+// however long they were idle.
 func (m *Manager) Expire(now time.Time) []*Session {
 	var out []*Session
 	m.mu.Lock()
@@ -303,6 +308,10 @@ func (m *Manager) Expire(now time.Time) []*Session {
 		}
 	}
 	for _, s := range m.byKey {
+		if _, unactivated := m.unactivated[s]; m.lim.NeverExpire && !unactivated {
+			// Fault sessions-never-expire: an activated session stays.
+			continue
+		}
 		if now.Sub(time.Unix(0, s.lastSeen.Load())) > s.Timeout {
 			m.remove(s)
 			m.timeouts++

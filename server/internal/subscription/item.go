@@ -17,6 +17,9 @@ type MonitoredItem struct {
 	node *ua.NodeID
 	attr ua.AttributeID
 	read ReadFunc
+	// dupEvery is the duplicate-samples fault's period: every
+	// dupEvery-th sample, if reported, is queued twice (0: fault off).
+	dupEvery int64
 
 	// Guarded by the session's mutex (changed by services only).
 	clientHandle uint32
@@ -78,6 +81,12 @@ func (it *MonitoredItem) Sample(t SampleTime) {
 		dv.ServerTimestamp = t.Wall
 	}
 	it.push(dv)
+	if it.dupEvery > 0 && it.samples%it.dupEvery == 0 {
+		// Fault duplicate-samples: the same value, with the same
+		// timestamps, is queued once more.
+		again := *dv
+		it.push(&again)
+	}
 }
 
 // push queues v, honouring the queue size and discardOldest. it.mu held.

@@ -8,10 +8,13 @@
 // Sampling runs on a Sampler: one goroutine and timer per sampling interval
 // group, absolute deadlines on a monotonic Clock (injectable for tests).
 //
-// Three fault switches reproduce known bugs on demand: SamplingDrift (wait
-// one interval after each sample, seed 003), SamplerSkips (never sample a
-// few items of a group) and PublishDrop (silently drop Publish requests
-// beyond a small number per session).
+// Fault switches reproduce known bugs on demand: SamplingDrift (wait one
+// interval after each sample, seed 003), SamplerSkips (never sample a few
+// items of a group), PublishDrop (silently drop Publish requests beyond a
+// small number per session), RepublishForgets (retain only the last
+// message), SkippedSequence (never use every SkipSequenceEvery-th sequence
+// number) and DuplicateSamples (queue every DuplicateSampleEvery-th sample
+// twice).
 //
 // The package knows nothing about channels or sessions of the server: a
 // caller keys a Session by any comparable value and passes a respond
@@ -48,6 +51,8 @@ const (
 	DefaultMaxItemsTotal         = 100_000
 	DefaultMaxOperations         = 100_000
 	DefaultPublishDropKeep       = 3
+	DefaultSkipSequenceEvery     = 50
+	DefaultDuplicateSampleEvery  = 200
 )
 
 // Options configure a Manager. Zero values mean the defaults.
@@ -119,6 +124,20 @@ type Options struct {
 	// retransmission queue keeps only the message just sent, so Republish
 	// of any earlier unacknowledged message is BadMessageNotAvailable.
 	RepublishForgets bool
+	// SkippedSequence is the skipped-sequence fault: a subscription never
+	// uses the sequence numbers that are multiples of SkipSequenceEvery
+	// (never sent, retained or announced by a keep-alive).
+	SkippedSequence bool
+	// SkipSequenceEvery is SkippedSequence's period, at least 2
+	// (DefaultSkipSequenceEvery).
+	SkipSequenceEvery uint32
+	// DuplicateSamples is the duplicate-samples fault: every
+	// DuplicateSampleEvery-th sample of a monitored item, if it is
+	// reported, is queued twice (the same DataValue again).
+	DuplicateSamples bool
+	// DuplicateSampleEvery is DuplicateSamples' period
+	// (DefaultDuplicateSampleEvery).
+	DuplicateSampleEvery int64
 }
 
 func (o *Options) fill() {
@@ -158,6 +177,12 @@ func (o *Options) fill() {
 	defInt(&o.MaxItemsTotal, DefaultMaxItemsTotal)
 	defInt(&o.MaxOperations, DefaultMaxOperations)
 	defInt(&o.PublishDropKeep, DefaultPublishDropKeep)
+	if o.SkipSequenceEvery < 2 { // 1 would skip every number
+		o.SkipSequenceEvery = DefaultSkipSequenceEvery
+	}
+	if o.DuplicateSampleEvery <= 0 {
+		o.DuplicateSampleEvery = DefaultDuplicateSampleEvery
+	}
 	if o.DefaultKeepAliveCount == 0 {
 		o.DefaultKeepAliveCount = DefaultKeepAliveCount
 	}
@@ -419,4 +444,12 @@ func (m *Manager) reserveItem() bool {
 // Fault returns a ServiceFault answering req with code.
 func (m *Manager) Fault(req ua.Request, code ua.StatusCode) *ua.ServiceFault {
 	return &ua.ServiceFault{ResponseHeader: m.header(req, code)}
+}
+
+// dupEvery is the duplicate-samples fault's period, 0 when it is off.
+func (m *Manager) dupEvery() int64 {
+	if m.opts.DuplicateSamples {
+		return m.opts.DuplicateSampleEvery
+	}
+	return 0
 }

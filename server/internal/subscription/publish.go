@@ -244,13 +244,25 @@ func (s *Session) popLocked(now time.Duration) *pendingPublish {
 }
 
 // nextSeq returns the next sequence number and advances it (never 0).
-func (sub *Subscription) nextSeq() uint32 {
+// Under the skipped-sequence fault it advances past the multiples of
+// skipEvery (0: none skipped), so sub.seq, which keep-alives announce as
+// the next number, is never a skipped one either.
+func (sub *Subscription) nextSeq(skipEvery uint32) uint32 {
 	n := sub.seq
-	sub.seq++
-	if sub.seq == 0 {
-		sub.seq = 1
+	for {
+		sub.seq++
+		if sub.seq != 0 && (skipEvery == 0 || sub.seq%skipEvery != 0) {
+			return n
+		}
 	}
-	return n
+}
+
+// skipEvery is the skipped-sequence fault's period, 0 when it is off.
+func (m *Manager) skipEvery() uint32 {
+	if m.opts.SkippedSequence {
+		return m.opts.SkipSequenceEvery
+	}
+	return 0
 }
 
 func (sub *Subscription) available() []uint32 {
@@ -316,7 +328,7 @@ func (s *Session) sendDataLocked(sub *Subscription, now time.Duration) bool {
 			continue
 		}
 		msg := &ua.NotificationMessage{
-			SequenceNumber:   sub.nextSeq(),
+			SequenceNumber:   sub.nextSeq(m.skipEvery()),
 			PublishTime:      m.clock.Wall(now),
 			NotificationData: []*ua.ExtensionObject{newDataChangeObject(notes)},
 		}

@@ -392,6 +392,7 @@ func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Res
 			discardOldest: c.RequestedParameters.DiscardOldest,
 			buf:           make([]*ua.DataValue, size),
 			active:        c.MonitoringMode != ua.MonitoringModeDisabled,
+			dupEvery:      m.dupEvery(),
 		}
 		sub.items[it.id] = it
 		sub.list = append(sub.list, it)
