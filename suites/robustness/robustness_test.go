@@ -60,6 +60,8 @@ const (
 	subSampling   = 50 * time.Millisecond
 	subPublishing = 250 * time.Millisecond
 	subMinShare   = 0.9
+	// subLabel labels the victim's subscription in the history.
+	subLabel = "victim-sub"
 	// Memory band: back to within the highest baseline reading × (1 +
 	// memRatio) + memSlack after the attacks.
 	memRatio = 0.5
@@ -163,7 +165,7 @@ func startVictim(ctx context.Context, e *env.Env, rec *history.Recorder) *victim
 		}
 		wg.Go(func() {
 			defer GinkgoRecover()
-			v.subStats, subErr = subscribe.Run(vctx, rec, c, subscribe.Config{Client: "victim-sub", Node: node, Items: subItems,
+			v.subStats, subErr = subscribe.Run(vctx, rec, c, subscribe.Config{Client: subLabel, Node: node, Items: subItems,
 				Sampling: subSampling, Publishing: subPublishing, Duration: 5 * time.Minute})
 		})
 	}
@@ -363,6 +365,10 @@ func robustness(ctx SpecContext, cond toxics.Condition) {
 	if len(v.items) > 0 {
 		checks = append(checks, check.Spec{Name: "victim-sampling", Config: check.SamplingConfig{
 			Span: check.Span{From: baseline.Start, To: stopped}, Interval: subSampling, Items: v.items, MinFraction: subMinShare, MaxGap: maxStall(cond),
+		}}, check.Spec{Name: "victim-sequence", Config: check.SequenceConfig{
+			// hostile traffic on other connections is no reason to skip
+			// or lose a notification message of the victim's
+			Subscriptions: []string{subLabel},
 		}})
 	}
 	spec.Judge(ctx, "robustness", cond.Name, rec, figs, checks...)

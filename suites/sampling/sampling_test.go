@@ -35,9 +35,18 @@ const (
 )
 
 // catches are the reference server's faults both specs are aimed at under
-// baseline: a sampler that drifts, a server that drops Publish requests
-// and a sampler that never samples some items.
-var catches = []server.Fault{server.FaultSamplingDrift, server.FaultPublishDrop, server.FaultSamplerSkips}
+// baseline: a sampler that drifts, a server that drops Publish requests, a
+// sampler that never samples some items, a subscription that skips a
+// sequence number (every 50th: the specs see about 70 notification
+// messages, one per publishing interval over warmup, judged span and
+// tail) and a server that queues a sample twice (the sampling check fails
+// on duplicates).
+var catches = []server.Fault{server.FaultSamplingDrift, server.FaultPublishDrop, server.FaultSamplerSkips,
+	server.FaultSkippedSequence, server.FaultDuplicateSamples}
+
+// subscription labels the driver's subscription in the history (its
+// Publish ops and listed sequence numbers).
+const subscription = "sub"
 
 var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 	It("samples 1024 items at 10 ms through a seeded nemesis schedule and recovers its rate after every fault", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
@@ -70,11 +79,20 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 				Span: check.Span{From: warmup, To: runFor - window}, Kinds: []history.Kind{history.KindPublish},
 				Excuse: []string{"*"}, Grace: grace,
 			}},
+			// No sequence number skipped, ever: no fault makes a server
+			// skip one. No nemesis fault closes a connection, but a
+			// throttled link can hold a response past the driver's
+			// Publish deadline, which gives up on it: its message is
+			// lost in transit (the driver does not Republish), excused
+			// when that Publish overlaps a fault window or its grace.
+			{Name: "nemesis-sequence", Config: check.SequenceConfig{
+				Subscriptions: []string{subscription}, Excuse: []string{"*"}, Grace: grace,
+			}},
 		}
 		spec.Plan(checks...)
 		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
 		st, err := subscribe.Run(ctx, rec, c, subscribe.Config{
-			Client: "sub", Items: items,
+			Client: subscription, Items: items,
 			Node: func(i int) *ua.NodeID { return ua.MustParseNodeID(fmt.Sprintf(pattern, i)) }, Sampling: interval, Publishing: publishing,
 			Outstanding: 4, Duration: runFor,
 		})
@@ -107,6 +125,12 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 						// Publish requests still out when the run ends are
 						// abandoned by the client, not lost: judge the span.
 						Span: span, Kinds: []history.Kind{history.KindPublish}}},
+					// every notification message of the whole run
+					// arrives: the driver acknowledges each, so a number
+					// it never got was skipped by the server (never
+					// listed available) or lost on the way; the one in
+					// flight when the driver stopped is not judged
+					{Name: fmt.Sprintf("items-%d-sequence", items), Config: check.SequenceConfig{Subscriptions: []string{subscription}}},
 					// the server samples at the interval asked for
 					{Name: fmt.Sprintf("items-%d-interval", items), Config: check.ReadingsConfig{
 						Reading: readingRevisedSampling, Max: check.Bound(float64(interval) / float64(time.Millisecond)), Required: true,
@@ -133,7 +157,7 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 			// flight over a slow link never leaves the server
 			// without one.
 			st, err := subscribe.Run(ctx, rec, c, subscribe.Config{
-				Client: "sub", Items: items,
+				Client: subscription, Items: items,
 				Node: func(i int) *ua.NodeID { return ua.MustParseNodeID(fmt.Sprintf(pattern, i)) }, Sampling: interval, Publishing: publishing,
 				// 0.5 s after the judged span: its last samples are
 				// published within a publishing interval (100 ms) and
