@@ -92,7 +92,64 @@ const (
 	highMark = 100
 	lowMark  = 50
 	lowSlack = 10
+
+	// The refill pipeline: one session keeps refillOutstanding Reads
+	// outstanding for refillFor, cycling through one of refillLong and
+	// refillShorts short ones (Slow.6 to Slow.10). A server that resumes
+	// reading by its low mark keeps short requests queued beside the long
+	// ones and answers on; one that resumes only once its pipeline drained
+	// holds each read batch until its long request ends, answering nothing
+	// meanwhile. In process (7 runs of 3 s each way, 5 of them with
+	// GOMAXPROCS=1 for a starved host, k = 10) the reference server's
+	// channel was idle 0–7 % of its backlogged time, the late-resume
+	// faults' 59–62 % (1.9–2.2 idle gaps per 100 answers, 60 % of the
+	// throughput): refillMaxIdleShare = 0.3 leaves a wide margin both
+	// ways. refillIdleGap = 10 mean inter-completion times (~15 ms) is far
+	// above a correct server's gaps (its workers finishing short requests
+	// in step) and far below the late resumer's ~200 ms gaps. Shorter
+	// short requests (3–7 ms) double the request rate, and a starved host
+	// then idled the correct server up to 14 %.
+	refillOutstanding  = 300
+	refillFor          = 3 * time.Second
+	refillLong         = 300 * time.Millisecond
+	refillShorts       = 49
+	refillIdleGap      = 10
+	refillMaxIdleShare = 0.3
+	refillSettle       = 500 * time.Millisecond
 )
+
+// refillRequests is the refill pipeline's cycle: one long Read, then
+// refillShorts short ones of 6 to 10 ms, whose spread keeps a correct
+// server's workers from finishing in step.
+func refillRequests() []load.Request {
+	out := []load.Request{load.SlowRead(refillLong)}
+	for i := range refillShorts {
+		out = append(out, load.SlowRead(time.Duration(6+(3*i)%5)*time.Millisecond))
+	}
+	return out
+}
+
+// refillChecks are the refill spec's checks: no errors, every Read answered
+// exactly once, and the backpressure check with the client-side idle
+// measure judged (check.BackpressureConfig.Idle, on channels answered out
+// of order only: a server answering in request order waits on its long
+// Reads by design) besides the server's own counters where it has them.
+func refillChecks() []check.Spec {
+	slow := []history.Kind{history.KindSlowRead}
+	return []check.Spec{
+		{Name: "refill-errors", Config: check.ErrorBudgetConfig{Kinds: append(slices.Clone(slow), history.KindSession), Drained: check.Codes{}}},
+		{Name: "refill-exactly-once", Config: check.ExactlyOnceConfig{Kinds: slow}},
+		{Name: "refill-backpressure", Config: check.BackpressureConfig{
+			Kinds:      slow,
+			MaxPending: check.ReadingMaxPending, HighMark: highMark,
+			Resumed: check.ReadingLowestResume, LowMark: lowMark, LowSlack: lowSlack,
+			BacklogSettle: refillSettle,
+			Idle:          true, IdleGap: refillIdleGap, MaxIdleShare: refillMaxIdleShare, IdleOutOfOrder: true,
+		}},
+		survival("refill-survival"),
+		sessionsOpened("refill-sessions", 1),
+	}
+}
 
 // statusRead reads Server_ServerStatus (i=2256): every server has it, and
 // its response (~200 bytes) is larger than a scalar's, so pending responses
@@ -289,23 +346,26 @@ func slowChecks(throttle string) []check.Spec {
 // retains memory per request.
 var catches = []server.Fault{server.FaultNoBackpressure, server.FaultFaultOnOverflow, server.FaultLostResponse, server.FaultRetainMemory}
 
-// deepCatches are catches and the faults only the deep pipelines are aimed
-// at: a server that resumes reading late (10 × 1000 outstanding Reads
-// pause and resume its readers over and over), with its counters
-// (late-resume) and without them (late-resume-silent: only the
-// client-side idle measure could see it, and it is reported, not judged,
-// so the fault matrix shows it missed until a load exposes the refill).
-var deepCatches = append(slices.Clone(catches), server.FaultLateResume, server.FaultLateResumeSilent)
+// deepCatches are catches and the fault the deep pipelines are aimed at
+// too: a server that resumes reading late (10 × 1000 outstanding Reads
+// pause and resume its readers over and over), seen in its counters. The
+// same fault without counters (late-resume-silent) is the refill spec's:
+// the deep pipelines' idle measure is reported, not judged.
+var deepCatches = append(slices.Clone(catches), server.FaultLateResume)
 
-// start requires what cond needs of the target (both specs read
-// ServerStatus only: the condition is all they need), so that a spec the
-// target cannot run is skipped before anything starts; then it starts the
-// environment, puts it under cond for the rest of the spec, recorded in
-// the spec's recorder, and starts the server's monitor (nil without a
-// server container).
-func start(ctx context.Context, cond toxics.Condition) (*env.Env, *history.Recorder, *env.Monitor) {
+// refillCatches are the faults the refill pipeline is aimed at: a server
+// that resumes reading late, with its counters and without them.
+var refillCatches = []server.Fault{server.FaultLateResume, server.FaultLateResumeSilent}
+
+// start requires what cond needs of the target and caps (the deep and slow
+// reader specs read ServerStatus only: the condition is all they need), so
+// that a spec the target cannot run is skipped before anything starts;
+// then it starts the environment, puts it under cond for the rest of the
+// spec, recorded in the spec's recorder, and starts the server's monitor
+// (nil without a server container).
+func start(ctx context.Context, cond toxics.Condition, caps ...string) (*env.Env, *history.Recorder, *env.Monitor) {
 	GinkgoHelper()
-	h.Require(spec.Needs(cond)...)
+	h.Require(spec.Needs(cond, caps...)...)
 	e, err := h.StartUnder(ctx, cond)
 	Expect(err).NotTo(HaveOccurred(), "start environment")
 	rec := h.NewRecorder(map[string]string{"condition": cond.Name, "security": cond.SecurityMode()})
@@ -374,8 +434,6 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 	// catches fault lost-response (deep-exactly-once: lost responses)
 	// catches fault retain-memory (deep-backpressure: a leak)
 	// catches fault late-resume (deep-backpressure: resumes late)
-	// aimed at fault late-resume-silent, not caught yet (deep-backpressure
-	// reports its client-side idle measure only)
 	// catches fault crypto-in-gate, under SignAndEncrypt (deep-stall: stalled channels)
 	DescribeTable("serves 10 sessions × 1000 outstanding Reads without errors, channel faults or stalls, in bounded memory", func(ctx SpecContext, cond toxics.Condition) {
 		checks := []check.Spec{
@@ -414,6 +472,29 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 		// SignAndEncrypt breaks deep pipelines first (each response is
 		// signed and encrypted before it leaves): in the CI profile
 		spec.Entries(secured, securedDeepCatches, SpecTimeout(3*time.Minute)))
+
+	// catches fault late-resume (refill-backpressure: resumes late, in its
+	// counters and idle measure)
+	// catches fault late-resume-silent (refill-backpressure: resumed reading
+	// late, in the idle measure)
+	DescribeTable("keeps answering one session's pipeline of long and short Reads while a long one runs (resumes reading by its low mark)", func(ctx SpecContext, cond toxics.Condition) {
+		spec.Plan(refillChecks()...)
+		// Slow.<ms> Reads: a target without them is skipped
+		e, rec, mon := start(ctx, cond, "service-time")
+
+		By(fmt.Sprintf("pipelining %d Reads (1 of %v per %d of 6–10 ms) on one session for %s", refillOutstanding, refillLong, refillShorts+1, refillFor))
+		p := load.Profile{
+			Name: "refill", Endpoint: e.Endpoint, Duration: refillFor, RequestTimeout: deepRequestTimeout, Security: e.Security,
+			Sessions: []load.Session{{Name: "refill", Outstanding: refillOutstanding, Requests: refillRequests()}},
+		}
+		st, err := load.Run(ctx, rec, p)
+		Expect(err).NotTo(HaveOccurred(), "run load")
+		us := stopMonitor(mon)
+		figs := spec.LoadFigures("refill.", st, us)
+		diagnostics(ctx, e, rec, "refill.diag.", figs)
+		rec.Reading(readingSessionsOpened, float64(st.Sessions))
+		spec.Judge(ctx, "backpressure", cond.Name, rec, figs, refillChecks()...)
+	}, spec.Entries([]toxics.Condition{toxics.Baseline}, refillCatches, SpecTimeout(time.Minute)))
 
 	// catches fault retain-memory (slow-backpressure: a leak)
 	DescribeTable("stops reading from a throttled reader and answers its pipeline exactly once when it catches up", func(ctx SpecContext, cond toxics.Condition) {
