@@ -50,6 +50,17 @@ const (
 	// DefaultShutdownTimeout bounds the wait for in-flight work when the
 	// server stops (below Docker's 10 s between SIGTERM and SIGKILL).
 	DefaultShutdownTimeout = 5 * time.Second
+	// DefaultIdleTimeout closes a channel with no activated session that
+	// long after OpenSecureChannel.
+	DefaultIdleTimeout = 10 * time.Second
+	// DefaultMaxHeldLogins bounds the logins held by the throttle per
+	// peer IP.
+	DefaultMaxHeldLogins = 16
+	// DefaultMaxSecretBlocks bounds an encrypted secret's RSA blocks
+	// (16 blocks of a 4096-bit key carry about 7 KB).
+	DefaultMaxSecretBlocks = 16
+	// DefaultMaxStringLength bounds the client strings a session keeps.
+	DefaultMaxStringLength = 4096
 )
 
 // Fault names one deliberate bug the server can switch on (OPCUA_FAULTS), so
@@ -165,6 +176,49 @@ const (
 	// no channel counters (the Channel.* diagnostics nodes are absent), so
 	// only the client side can see the late resume.
 	FaultLateResumeSilent Fault = "late-resume-silent"
+
+	// The resource-exhaustion faults: each undoes one protection against
+	// hostile traffic, so the robustness suite's attacks are shown to
+	// catch it.
+
+	// FaultNoByteBudget removes the memory budget: queued requests,
+	// unfinished chunks, held logins, monitored-item queues and session
+	// strings are bounded by count only.
+	FaultNoByteBudget Fault = "no-byte-budget"
+	// FaultLoginHoldsRequests keeps a throttled ActivateSession's whole
+	// request (its secret included) in the throttle's timer, with no cap
+	// per peer, and keeps the timer running after the channel closed.
+	FaultLoginHoldsRequests Fault = "login-holds-requests"
+	// FaultChunksPerChannelOnly bounds unfinished chunks per channel only:
+	// many connections together may hold any amount.
+	FaultChunksPerChannelOnly Fault = "chunks-per-channel-only"
+	// FaultReadLimitLate checks a Read's node count (MaxNodesPerRead) when
+	// a worker picks it up instead of when it arrives.
+	FaultReadLimitLate Fault = "read-limit-late"
+	// FaultItemQueuesUnbounded grants any monitored-item queue size up to
+	// 10 000 and allocates every queue at its full size at creation.
+	FaultItemQueuesUnbounded Fault = "item-queues-unbounded"
+	// FaultLongSessionStrings keeps session names, endpoint URLs and
+	// other client strings whole for the session's life.
+	FaultLongSessionStrings Fault = "long-session-strings"
+	// FaultIdleAfterOpen never closes a channel that opened but never
+	// activated a session, and does not enforce the token lifetime; at
+	// the connection limit new clients are refused instead of evicting
+	// such channels.
+	FaultIdleAfterOpen Fault = "idle-after-open"
+	// FaultSessionsOutliveChannels keeps anonymous sessions whose channel
+	// closed for their full timeout and gives anonymous sessions the
+	// whole session table, so an anonymous flood refuses every login.
+	FaultSessionsOutliveChannels Fault = "sessions-outlive-channels"
+	// FaultUnactivatedRefuse refuses CreateSession at the unactivated
+	// limit instead of closing the oldest unactivated session.
+	FaultUnactivatedRefuse Fault = "unactivated-refuse"
+	// FaultRSABlocksUnbounded decrypts an encrypted user secret of any
+	// number of RSA blocks.
+	FaultRSABlocksUnbounded Fault = "rsa-blocks-unbounded"
+	// FaultThrottlePairOnly throttles failed logins per peer IP and user
+	// only: a fresh user name, or a fresh address, guesses at full speed.
+	FaultThrottlePairOnly Fault = "throttle-pair-only"
 )
 
 // Parameters of the fault switches.
@@ -197,6 +251,10 @@ var AllFaults = []Fault{
 	FaultLateResume, FaultCryptoInGate,
 	FaultPerSessionOwners, FaultCancelTotal, FaultSessionsNeverExpire,
 	FaultSkippedSequence, FaultDuplicateSamples, FaultLateResumeSilent,
+	FaultNoByteBudget, FaultLoginHoldsRequests, FaultChunksPerChannelOnly,
+	FaultReadLimitLate, FaultItemQueuesUnbounded, FaultLongSessionStrings,
+	FaultIdleAfterOpen, FaultSessionsOutliveChannels, FaultUnactivatedRefuse,
+	FaultRSABlocksUnbounded, FaultThrottlePairOnly,
 }
 
 // Faults is a set of enabled fault switches.
@@ -358,6 +416,38 @@ type Config struct {
 	// The wait is a timer: no worker or channel reader sleeps.
 	LoginDelay, LoginDelayMax time.Duration
 	LoginFreeFailures         int
+	// MemoryBudget is the byte budget of memory hostile peers can make the
+	// server hold (budget.DefaultLimit, 256 MiB): unfinished chunks of all
+	// channels, queued requests by size, held logins, monitored-item
+	// queues and per-session strings, each class within a share of it
+	// (see package budget). A request that does not fit is refused with a
+	// status, never held.
+	MemoryBudget int64
+	// IdleTimeout closes a secure channel on which no session was
+	// activated within it after OpenSecureChannel
+	// (DefaultIdleTimeout); the token lifetime is enforced beside it
+	// (a channel not renewed within 125 % of its lifetime is closed).
+	IdleTimeout time.Duration
+	// MaxHeldLoginsPerPeer bounds the ActivateSession calls the login
+	// throttle holds for one peer IP (DefaultMaxHeldLogins); beyond it
+	// an ActivateSession is answered BadTooManyOperations at once.
+	MaxHeldLoginsPerPeer int
+	// MaxSecretBlocks bounds the RSA blocks of an encrypted user secret
+	// (DefaultMaxSecretBlocks); a longer one is BadIdentityTokenInvalid,
+	// never decrypted.
+	MaxSecretBlocks int
+	// MaxStringLength bounds the client strings a session keeps (session
+	// name, endpoint URL, ...): longer ones are truncated
+	// (DefaultMaxStringLength).
+	MaxStringLength int
+	// MaxAnonymousSessions bounds the sessions of anonymous identity
+	// (default MaxSessions/2), so anonymous clients cannot take the
+	// places of user logins.
+	MaxAnonymousSessions int
+	// NoServiceTimeNodes removes the Slow.<ms> and Busy.<µs> nodes, which
+	// let any client pin the workers (for deployments that must not offer
+	// them).
+	NoServiceTimeNodes bool
 	// ShutdownTimeout bounds how long Serve waits for in-flight work once
 	// its context is done (DefaultShutdownTimeout).
 	ShutdownTimeout time.Duration
@@ -405,6 +495,13 @@ type Config struct {
 //	OPCUA_LOGIN_DELAY_MAX             its cap (5s)
 //	OPCUA_LOGIN_FREE_FAILURES         failed logins per peer IP and user before delays (3)
 //	OPCUA_SHUTDOWN_TIMEOUT            wait for in-flight work on stop (5s)
+//	OPCUA_MEMORY_BUDGET               bytes hostile peers can make it hold (268435456)
+//	OPCUA_IDLE_TIMEOUT                channel open without an activated session (10s)
+//	OPCUA_MAX_HELD_LOGINS             logins the throttle holds per peer IP (16)
+//	OPCUA_MAX_SECRET_BLOCKS           RSA blocks of an encrypted user secret (16)
+//	OPCUA_MAX_STRING_LENGTH           client strings a session keeps (4096)
+//	OPCUA_MAX_ANONYMOUS_SESSIONS      anonymous sessions (sessions/2)
+//	OPCUA_SERVICE_TIME_NODES          "false" removes the Slow/Busy nodes
 //
 // Durations are Go durations ("10s", "250ms").
 //
@@ -481,6 +578,10 @@ func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 		{"OPCUA_MAX_MONITORED_ITEMS_PER_SESSION", &cfg.MaxMonitoredItemsPerSession},
 		{"OPCUA_MAX_MONITORED_ITEMS", &cfg.MaxMonitoredItems},
 		{"OPCUA_LOGIN_FREE_FAILURES", &cfg.LoginFreeFailures},
+		{"OPCUA_MAX_HELD_LOGINS", &cfg.MaxHeldLoginsPerPeer},
+		{"OPCUA_MAX_SECRET_BLOCKS", &cfg.MaxSecretBlocks},
+		{"OPCUA_MAX_STRING_LENGTH", &cfg.MaxStringLength},
+		{"OPCUA_MAX_ANONYMOUS_SESSIONS", &cfg.MaxAnonymousSessions},
 	} {
 		if *v.dst, err = positive(getenv(v.env), v.env); err != nil {
 			return cfg, err
@@ -496,10 +597,25 @@ func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 		{"OPCUA_LOGIN_DELAY", &cfg.LoginDelay},
 		{"OPCUA_LOGIN_DELAY_MAX", &cfg.LoginDelayMax},
 		{"OPCUA_SHUTDOWN_TIMEOUT", &cfg.ShutdownTimeout},
+		{"OPCUA_IDLE_TIMEOUT", &cfg.IdleTimeout},
 	} {
 		if *v.dst, err = duration(getenv(v.env), v.env); err != nil {
 			return cfg, err
 		}
+	}
+	if v := getenv("OPCUA_MEMORY_BUDGET"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1<<20 {
+			return cfg, fmt.Errorf("OPCUA_MEMORY_BUDGET: want bytes, at least 1048576, got %q", v)
+		}
+		cfg.MemoryBudget = n
+	}
+	switch v := strings.ToLower(getenv("OPCUA_SERVICE_TIME_NODES")); v {
+	case "", "true", "1", "yes":
+	case "false", "0", "no":
+		cfg.NoServiceTimeNodes = true
+	default:
+		return cfg, fmt.Errorf("OPCUA_SERVICE_TIME_NODES: want true or false, got %q", v)
 	}
 	if bp := getenv("OPCUA_BACKPRESSURE"); bp != "" {
 		hi, lo, ok := strings.Cut(bp, ":")

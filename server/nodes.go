@@ -8,6 +8,8 @@ import (
 
 	"github.com/gopcua/opcua/id"
 	"github.com/gopcua/opcua/ua"
+
+	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 )
 
 // NamespaceURI is the URI of namespace 1, the server's own nodes.
@@ -39,6 +41,12 @@ const (
 	NodeDecodingErrors    = "Counter.DecodingErrors"      // requests answered BadDecodingError
 	NodeLoginsDelayed     = "Counter.LoginsDelayed"       // ActivateSession calls held back after failed logins
 	NodeUnactivated       = "Counter.SessionsUnactivated" // sessions created, not yet activated
+
+	NodeMemoryBudget  = "Memory.Budget"  // the memory budget's byte limit (0: none, the no-byte-budget fault)
+	NodeMemoryCharged = "Memory.Charged" // bytes charged to it now, all classes
+	// Memory.Charged.<class> and Memory.Refused.<class> (class: chunks,
+	// queue, logins, items, sessions) are one class's bytes now and its
+	// refused charges.
 
 	NodeQueueDepth          = "Queue.Depth"          // requests queued now
 	NodeQueueSlots          = "Queue.Slots"          // queue slots held now (Depth plus leaked slots)
@@ -230,7 +238,10 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 	if v, ok := s.subscriptionValue(name); ok {
 		return v, true, nil
 	}
-	if rest, ok := strings.CutPrefix(name, "Slow."); ok {
+	if v, ok := s.memoryValue(name); ok {
+		return v, true, nil
+	}
+	if rest, ok := strings.CutPrefix(name, "Slow."); ok && !s.cfg.NoServiceTimeNodes {
 		ms, err := strconv.Atoi(rest)
 		if err != nil || ms < 0 || ms > MaxSlowMillis {
 			return nil, false, nil
@@ -240,7 +251,7 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 		}
 		return int64(ms), true, nil
 	}
-	if rest, ok := strings.CutPrefix(name, "Busy."); ok {
+	if rest, ok := strings.CutPrefix(name, "Busy."); ok && !s.cfg.NoServiceTimeNodes {
 		us, err := strconv.Atoi(rest)
 		if err != nil || us < 0 || us > MaxBusyMicros {
 			return nil, false, nil
@@ -363,6 +374,25 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 		return int64(c.Unactivated), true, nil
 	}
 	return nil, false, nil
+}
+
+// memoryValue serves the Memory.* nodes of the memory budget.
+func (s *Server) memoryValue(name string) (int64, bool) {
+	switch name {
+	case NodeMemoryBudget:
+		return s.budget.Limit(), true
+	case NodeMemoryCharged:
+		return s.budget.Used(), true
+	}
+	for _, c := range budget.Classes() {
+		switch name {
+		case NodeMemoryCharged + "." + c.String():
+			return s.budget.UsedBy(c), true
+		case "Memory.Refused." + c.String():
+			return s.budget.Refused(c), true
+		}
+	}
+	return 0, false
 }
 
 // sleep waits d or until ctx ends.

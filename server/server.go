@@ -20,6 +20,7 @@ import (
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
 
+	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/fairqueue"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/session"
@@ -56,6 +57,7 @@ type Server struct {
 	decoder     *uabin.Decoder         // guards request decoding
 	logins      *loginThrottle         // delays failed logins per peer IP and user
 	openConns   atomic.Int64           // TCP connections being served
+	budget      *budget.Budget         // bytes hostile peers can make it hold; nil under no-byte-budget
 
 	// testHook, if set, runs before a worker executes a request (tests
 	// only: it can wedge a worker).
@@ -162,6 +164,13 @@ func New(cfg Config) (*Server, error) {
 	fillDur(&cfg.LoginDelay, DefaultLoginDelay)
 	fillDur(&cfg.LoginDelayMax, max(DefaultLoginDelayMax, cfg.LoginDelay))
 	fillDur(&cfg.ShutdownTimeout, DefaultShutdownTimeout)
+	fillDur(&cfg.IdleTimeout, DefaultIdleTimeout)
+	fill(&cfg.MaxHeldLoginsPerPeer, DefaultMaxHeldLogins)
+	fill(&cfg.MaxSecretBlocks, DefaultMaxSecretBlocks)
+	fill(&cfg.MaxStringLength, DefaultMaxStringLength)
+	if cfg.MemoryBudget <= 0 {
+		cfg.MemoryBudget = budget.DefaultLimit
+	}
 	if cfg.MaxMessageSize > math.MaxInt32 || cfg.MaxChunkCount > math.MaxInt32 || cfg.MaxBufferedBytes > math.MaxInt32 {
 		return nil, fmt.Errorf("server: message size, chunk count and buffered bytes must be below 2^31")
 	}
@@ -189,6 +198,9 @@ func New(cfg Config) (*Server, error) {
 		conns:   map[*conn]struct{}{},
 		decoder: uabin.NewDecoder(uabin.Limits{MaxDepth: cfg.MaxDecodeDepth}),
 		logins:  newLoginThrottle(cfg.LoginFreeFailures, cfg.LoginDelay, cfg.LoginDelayMax),
+	}
+	if !cfg.Faults.Has(FaultNoByteBudget) {
+		s.budget = budget.New(cfg.MemoryBudget)
 	}
 	if cfg.Faults.Has(FaultCryptoInGate) {
 		s.slots = make(chan struct{}, s.workers())
@@ -247,6 +259,8 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		"max_message_size", s.cfg.MaxMessageSize,
 		"login_delay", s.cfg.LoginDelay,
 		"login_delay_max", s.cfg.LoginDelayMax,
+		"memory_budget", s.budget.Limit(),
+		"idle_timeout", s.cfg.IdleTimeout,
 		"certificate_sha1", s.creds.thumbprint())
 	s.log.Info(ReadyMessage, "listen", l.Addr().String())
 

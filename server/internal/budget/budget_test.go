@@ -1,0 +1,68 @@
+package budget
+
+import (
+	"sync"
+	"testing"
+)
+
+func TestClassShareAndLimit(t *testing.T) {
+	b := New(1600)
+	if !b.Charge(Logins, 100) {
+		t.Fatal("100 B of logins refused under a 1600 B budget (share 100)")
+	}
+	if b.Charge(Logins, 1) {
+		t.Fatal("a login beyond the class share was admitted")
+	}
+	if got := b.Refused(Logins); got != 1 {
+		t.Fatalf("refused logins = %d, want 1", got)
+	}
+	if !b.Charge(Queue, 800) || !b.Charge(Chunks, 400) {
+		t.Fatal("queue and chunks within their shares refused")
+	}
+	// Items' share is 800, but only 300 B of the limit are left.
+	if b.Charge(Items, 400) {
+		t.Fatal("a charge beyond the whole limit was admitted")
+	}
+	if got := b.UsedBy(Items); got != 0 {
+		t.Fatalf("a refused charge left %d B charged", got)
+	}
+	if !b.Charge(Items, 300) {
+		t.Fatal("300 B of items refused with 300 B left")
+	}
+	b.Release(Queue, 800)
+	if got, want := b.Used(), int64(100+400+300); got != want {
+		t.Fatalf("used = %d, want %d", got, want)
+	}
+}
+
+func TestNilIsUnbounded(t *testing.T) {
+	var b *Budget
+	if !b.Charge(Queue, 1<<40) {
+		t.Fatal("a nil budget refused a charge")
+	}
+	b.Release(Queue, 1<<40)
+	if b.Used() != 0 || b.Limit() != 0 {
+		t.Fatal("a nil budget reports usage")
+	}
+}
+
+func TestConcurrentChargesNeverExceed(t *testing.T) {
+	b := New(16 * 1024)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 10_000 {
+				if b.Charge(Queue, 100) {
+					if u := b.UsedBy(Queue); u > b.ClassLimit(Queue) {
+						t.Errorf("queue holds %d B over its share %d", u, b.ClassLimit(Queue))
+					}
+					b.Release(Queue, 100)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if b.Used() != 0 {
+		t.Fatalf("used = %d after every charge was released", b.Used())
+	}
+}
