@@ -424,6 +424,10 @@ type conn struct {
 	queued      queued          // its requests in the fair queue
 	maxResponse int             // largest response the client accepts
 	reads       atomic.Int64    // Reads executed (the lost-response fault counts them)
+	// active is set once a session was activated on this channel: the
+	// idle timeout after OpenSecureChannel and eviction at the connection
+	// limit spare it from then on.
+	active atomic.Bool
 	// security returns the channel's security (None until a secured
 	// OpenSecureChannel was served).
 	security func() channel.ChannelSecurity

@@ -339,6 +339,7 @@ func (s *Server) activateSession(cn *conn, r *ua.ActivateSessionRequest, now tim
 		s.log.Info("activation rejected", "session", sess.ID.String(), "status", code, "reason", why)
 		return s.fault(r, code)
 	}
+	cn.active.Store(true)
 	return &ua.ActivateSessionResponse{
 		ResponseHeader: respHeader(r, ua.StatusOK),
 		ServerNonce:    next,
