@@ -85,7 +85,8 @@ const (
 
 // Entry is one queued request.
 type Entry[T any] struct {
-	// Value is the caller's request.
+	// Value is the caller's request. Cancel clears it (the caller keeps
+	// its own reference); Dequeue and Stop hand it over.
 	Value T
 
 	owner    *owner[T]
@@ -445,6 +446,11 @@ func (q *Queue[T]) Cancel(e *Entry[T]) bool {
 		return true
 	}
 	e.state = cancelled
+	// The caller completes the request from its own reference: the queue
+	// drops the value now, so a cancelled entry left in the owner's FIFO
+	// (until a worker passes it) does not keep the request alive.
+	var zero T
+	e.Value = zero
 	o.live--
 	q.live--
 	if q.opts.CancelLeak {
@@ -453,14 +459,42 @@ func (q *Queue[T]) Cancel(e *Entry[T]) bool {
 	} else {
 		q.release(e)
 	}
-	if o.live == 0 {
+	switch {
+	case o.live == 0:
 		o.emptied++
 		// Drop the stale entries now; the owner's turn is retired lazily.
 		clear(o.fifo)
 		o.fifo = o.fifo[:0]
 		o.head = 0
+	case o.stale() > max(compactAfter, o.live):
+		// Requests cancelled behind busy workers pile up in the FIFO
+		// while its head waits: drop them once they outnumber the
+		// queued ones (amortised O(1) per Cancel).
+		o.compact()
 	}
 	return true
+}
+
+// compactAfter is the number of claimed entries an owner's FIFO may hold
+// before Cancel drops them (when they also outnumber the queued ones).
+const compactAfter = 64
+
+// stale is the number of claimed entries in o's FIFO.
+func (o *owner[T]) stale() int { return len(o.fifo) - o.head - o.live }
+
+// compact drops the claimed entries from o's FIFO, keeping the order of the
+// queued ones.
+func (o *owner[T]) compact() {
+	n := 0
+	for _, e := range o.fifo[o.head:] {
+		if e.state == queued {
+			o.fifo[n] = e
+			n++
+		}
+	}
+	clear(o.fifo[n:])
+	o.fifo = o.fifo[:n]
+	o.head = 0
 }
 
 // Stop stops the queue: admissions fail with ErrStopped, parked and future

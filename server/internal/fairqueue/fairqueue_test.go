@@ -594,3 +594,59 @@ func TestEmptiedCountsOwnersRunningDry(t *testing.T) {
 	want("a", 2, "after draining")
 	checkDrained(t, q)
 }
+
+// TestCancelledEntriesDropValues: Read+Cancel churn behind a queued head
+// (workers pinned) neither keeps the cancelled values nor grows the owner's
+// FIFO without bound, and the queued entries keep their order.
+func TestCancelledEntriesDropValues(t *testing.T) {
+	q := New[*[]byte](Options{Limit: 100})
+	big := func() *[]byte { b := make([]byte, 1024); return &b }
+	head, err := q.Enqueue("a", big())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []*Entry[*[]byte]
+	for i := range 10000 {
+		e, err := q.Enqueue("a", big())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%1000 == 0 {
+			kept = append(kept, e) // a few stay queued among the cancelled
+			continue
+		}
+		if !q.Cancel(e) {
+			t.Fatalf("Cancel %d failed", i)
+		}
+		if e.Value != nil {
+			t.Fatalf("cancelled entry %d still holds its value", i)
+		}
+	}
+	q.mu.Lock()
+	fifo := len(q.owners["a"].fifo)
+	q.mu.Unlock()
+	if limit := 2*compactAfter + 2*(len(kept)+1); fifo > limit {
+		t.Errorf("owner's FIFO holds %d entries after 10 000 Enqueue+Cancel pairs, want ≤ %d", fifo, limit)
+	}
+	want := append([]*Entry[*[]byte]{head}, kept...)
+	for i, w := range want {
+		e, err := q.take()
+		if err != nil || e != w {
+			t.Fatalf("take %d = %v (seq %d), %v; want seq %d", i, e, seqOf(e), err, w.Seq())
+		}
+		if e.Value == nil {
+			t.Errorf("dispatched entry %d lost its value", i)
+		}
+	}
+	if e, _ := q.take(); e != nil {
+		t.Errorf("a cancelled entry was dispatched: seq %d", e.Seq())
+	}
+	checkDrained(t, q)
+}
+
+func seqOf[T any](e *Entry[T]) uint64 {
+	if e == nil {
+		return 0
+	}
+	return e.Seq()
+}
