@@ -39,6 +39,9 @@ type Message struct {
 	// Handle is the RequestHandle of a message with Err set, when its
 	// request header could be decoded (else 0).
 	Handle uint32
+	// Size is the encoded size of the request's body in bytes (0 when the
+	// transport does not know it).
+	Size int
 }
 
 // Transport is the message stream of one secure channel.

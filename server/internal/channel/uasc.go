@@ -772,7 +772,7 @@ func (t *SecureTransport) request(reqID uint32, b []byte) Message {
 		case *ua.OpenSecureChannelRequest, *ua.CloseSecureChannelRequest:
 			err = fmt.Errorf("%T in a MSG chunk: %w", r, ua.StatusBadServiceUnsupported)
 		case ua.Request:
-			return Message{RequestID: reqID, Request: r}
+			return Message{RequestID: reqID, Request: r, Size: len(b)}
 		default:
 			err = fmt.Errorf("%T is not a request: %w", r, ua.StatusBadServiceUnsupported)
 		}
