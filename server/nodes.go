@@ -37,6 +37,7 @@ const (
 	NodeCancelled         = "Counter.Cancelled"           // queued requests cancelled by the Cancel service
 	NodeConnections       = "Counter.Connections"         // TCP connections served now
 	NodeRefused           = "Counter.ConnectionsRefused"  // connections refused (MaxConnections)
+	NodeEvicted           = "Counter.ConnectionsEvicted"  // connections without an activated session closed at MaxConnections to admit a new one
 	NodePanics            = "Counter.Panics"              // panics recovered (the process lived on)
 	NodeDecodingErrors    = "Counter.DecodingErrors"      // requests answered BadDecodingError
 	NodeLoginsDelayed     = "Counter.LoginsDelayed"       // ActivateSession calls held back after failed logins
@@ -364,6 +365,8 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 		return s.openConns.Load(), true, nil
 	case NodeRefused:
 		return s.stats.refusedConns.Load(), true, nil
+	case NodeEvicted:
+		return s.stats.evictedConns.Load(), true, nil
 	case NodePanics:
 		return s.stats.panics.Load(), true, nil
 	case NodeDecodingErrors:

@@ -598,18 +598,19 @@ func TestIssue14LargeResponseChunked(t *testing.T) {
 	}
 }
 
-// TestConnectionLimit: beyond MaxConnections a connection gets ERR
+// TestConnectionLimit: beyond MaxConnections, with a session activated on
+// every connection (else the oldest without one is evicted: see
+// TestEvictAtConnectionLimit), a connection gets ERR
 // BadMaxConnectionsReached; closing one makes room.
 func TestConnectionLimit(t *testing.T) {
 	ts := runServer(t, Config{MaxConnections: 2})
 	var idle []net.Conn
 	for range 2 {
-		nc, err := net.Dial("tcp", ts.addr)
-		if err != nil {
+		c := rawChannel(t, ts.addr, uacp.Hello{})
+		if err := c.Session(nil); err != nil {
 			t.Fatal(err)
 		}
-		defer nc.Close()
-		idle = append(idle, nc)
+		idle = append(idle, c)
 	}
 	waitFor(t, "two connections", func() bool { return ts.openConns.Load() == 2 })
 	_, err := uatest.Dial(ts.addr, uacp.Hello{})

@@ -70,8 +70,14 @@ type Server struct {
 	// otherwise.
 	slots chan struct{}
 
+	// connsMu guards conns and evicting.
 	connsMu sync.Mutex
-	conns   map[*conn]struct{} // live secure channels
+	// conns are the connections served, from accept (handshakes
+	// included) until their goroutine ends.
+	conns map[*conn]struct{}
+	// evicting counts the conns evicted (see admitConn) whose goroutine has
+	// not ended yet: they no longer count against MaxConnections.
+	evicting int
 
 	addrMu sync.Mutex
 	addr   net.Addr
@@ -92,6 +98,7 @@ type stats struct {
 	channels          atomic.Int64 // current secure channels
 	channelsCumulated atomic.Int64
 	refusedConns      atomic.Int64 // connections refused (MaxConnections)
+	evictedConns      atomic.Int64 // connections closed at MaxConnections to admit a new one
 	panics            atomic.Int64 // panics recovered (handlers, workers, connections)
 	decodingErrors    atomic.Int64 // requests answered BadDecodingError
 	loginsDelayed     atomic.Int64 // ActivateSession calls held back by the login throttle
@@ -339,18 +346,84 @@ func (s *Server) acceptLoop(ctx context.Context, l net.Listener) error {
 			continue
 		}
 		backoff = 0
-		if n := s.openConns.Add(1); n > int64(s.cfg.MaxConnections) && !s.cfg.Faults.Has(FaultUnboundedIdle) {
-			s.openConns.Add(-1)
+		cn := s.admitConn(c)
+		if cn == nil {
 			s.stats.refusedConns.Add(1)
 			s.wg.Go(func() { s.refuse(c) })
 			continue
 		}
-		// Fault unbounded-idle: no connection limit.
 		s.wg.Go(func() {
-			defer s.openConns.Add(-1)
-			s.serveConn(ctx, c)
+			defer s.forgetConn(cn)
+			s.serveConn(ctx, cn)
 		})
 	}
+}
+
+// errEvicted is why an evicted channel was closed.
+var errEvicted = errors.New("evicted at the connection limit: no session activated")
+
+// admitConn registers a new connection, or returns nil if it must be refused.
+// At MaxConnections it makes room by evicting the connection that has
+// gone longest without an activated session (a handshake pending, or a
+// secure channel open with none activated), oldest first: one peer's idle
+// connections cannot lock every other client out, even when all of them
+// come through one proxy address. Only when every connection has an
+// activated session is the new one refused. (Fault unbounded-idle: no
+// limit; fault idle-after-open: refuse at the limit, evict nothing.)
+func (s *Server) admitConn(c net.Conn) *conn {
+	cn := &conn{nc: c, since: time.Now()}
+	s.connsMu.Lock()
+	defer s.connsMu.Unlock()
+	if len(s.conns)-s.evicting >= s.cfg.MaxConnections && !s.cfg.Faults.Has(FaultUnboundedIdle) {
+		if s.cfg.Faults.Has(FaultIdleAfterOpen) {
+			return nil
+		}
+		var victim *conn
+		for o := range s.conns {
+			if o.evicted || o.active.Load() {
+				continue
+			}
+			if victim == nil || o.since.Before(victim.since) {
+				victim = o
+			}
+		}
+		if victim == nil {
+			return nil
+		}
+		victim.evicted = true
+		s.evicting++
+		s.stats.evictedConns.Add(1)
+		s.wg.Go(func() { s.evictConn(victim) })
+	}
+	s.conns[cn] = struct{}{}
+	s.openConns.Add(1)
+	return cn
+}
+
+// forgetConn unregisters a connection whose goroutine ends.
+func (s *Server) forgetConn(cn *conn) {
+	s.connsMu.Lock()
+	delete(s.conns, cn)
+	if cn.evicted {
+		s.evicting--
+	}
+	s.connsMu.Unlock()
+	s.openConns.Add(-1)
+}
+
+// evictConn closes a connection admitConn chose to make room: an open secure
+// channel gets ERR BadTcpNotEnoughResources first, a handshake is just
+// closed.
+func (s *Server) evictConn(cn *conn) {
+	state := "handshake"
+	if t := cn.transport.Load(); t != nil {
+		state = "open, no session activated"
+		t.Evict(ua.StatusBadTCPNotEnoughResources, errEvicted)
+	} else {
+		_ = cn.nc.Close()
+	}
+	s.log.Info("connection evicted: connection limit reached", "remote", cn.nc.RemoteAddr().String(),
+		"state", state, "age", time.Since(cn.since).Round(time.Millisecond), "max", s.cfg.MaxConnections)
 }
 
 // refuse answers a connection beyond MaxConnections with an ERR message
@@ -414,8 +487,13 @@ func (s *Server) expireSessions(ctx context.Context) {
 	}
 }
 
-// conn is the server's state of one secure channel.
+// conn is the server's state of one connection and its secure channel.
 type conn struct {
+	nc        net.Conn                                // the TCP connection
+	since     time.Time                               // accepted at
+	transport atomic.Pointer[channel.SecureTransport] // set once the handshake is done
+	evicted   bool                                    // admitConn chose it to make room; Server.connsMu held
+
 	id          uint32
 	remoteIP    string
 	endpointURL string
@@ -433,7 +511,8 @@ type conn struct {
 	security func() channel.ChannelSecurity
 }
 
-func (s *Server) serveConn(ctx context.Context, c net.Conn) {
+func (s *Server) serveConn(ctx context.Context, cn *conn) {
+	c := cn.nc
 	remote := c.RemoteAddr().String()
 	local := c.LocalAddr().String()
 	crash := s.cfg.Faults.Has(FaultCrashOnDecode)
@@ -456,6 +535,18 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 	handshake := s.cfg.HandshakeTimeout
 	if s.cfg.Faults.Has(FaultUnboundedIdle) {
 		handshake = 0 // Fault unbounded-idle: wait for the Hello forever.
+	}
+	// Fault chunks-per-channel-only: unfinished chunks are bounded per
+	// channel only, not charged to the memory budget.
+	chunks := s.budget
+	if s.cfg.Faults.Has(FaultChunksPerChannelOnly) {
+		chunks = nil
+	}
+	// Fault idle-after-open: a channel may stay open without a session,
+	// and its token never expires.
+	idle := s.cfg.IdleTimeout
+	if s.cfg.Faults.Has(FaultIdleAfterOpen) {
+		idle = 0
 	}
 	id := s.nextChannelID.Add(1)
 	t, err := channel.Accept(c, channel.Config{
@@ -480,11 +571,23 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 			PrivateKey:  s.creds.key,
 			Offers:      s.offers,
 		},
-		CryptoInGate: s.cfg.Faults.Has(FaultCryptoInGate),
+		CryptoInGate:    s.cfg.Faults.Has(FaultCryptoInGate),
+		Budget:          chunks,
+		IdleTimeout:     idle,
+		Active:          cn.active.Load,
+		EnforceLifetime: !s.cfg.Faults.Has(FaultIdleAfterOpen),
 	})
 	if err != nil {
 		s.log.Debug("handshake failed", "remote", remote, "err", err)
 		return
+	}
+	cn.transport.Store(t)
+	s.connsMu.Lock()
+	evicted := cn.evicted
+	s.connsMu.Unlock()
+	if evicted {
+		// Evicted while its handshake ran, and not closed in time.
+		t.Evict(ua.StatusBadTCPNotEnoughResources, errEvicted)
 	}
 	host, _, err := net.SplitHostPort(remote)
 	if err != nil {
@@ -492,7 +595,8 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	cn := &conn{id: id, remoteIP: host, endpointURL: t.EndpointURL, localAddr: local, ctx: ctx, maxResponse: t.MaxResponseSize, security: t.Security}
+	cn.id, cn.remoteIP, cn.endpointURL, cn.localAddr, cn.ctx = id, host, t.EndpointURL, local, ctx
+	cn.maxResponse, cn.security = t.MaxResponseSize, t.Security
 	cn.queued.jobs = make(map[*job]struct{})
 
 	s.stats.channels.Add(1)
@@ -510,19 +614,14 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 		OnPanic:         func() { s.stats.panics.Add(1) },
 	})
 	s.chans.add(ch)
-	s.connsMu.Lock()
-	s.conns[cn] = struct{}{}
-	s.connsMu.Unlock()
 	// Deferred, so that it also runs when a panic unwinds the reader.
 	defer func() {
-		s.connsMu.Lock()
-		delete(s.conns, cn)
-		s.connsMu.Unlock()
 		cancel()
 		// A lost connection cancels its queued requests: their slots
 		// return now.
 		n := s.cancelQueued(cn, func(*job) bool { return true }, ua.StatusBadSecureChannelClosed)
 		s.chans.remove(ch)
+		s.sessions.ChannelClosed(id) // its sessions are orphans now (after cancel: see activateSession)
 		level := slog.LevelDebug
 		var pe *channel.ProtocolError
 		if errors.As(err, &pe) {

@@ -10,12 +10,14 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
 	"github.com/gopcua/opcua/uapolicy"
 
+	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/uabin"
 	"github.com/opcua-chaos/opcua-chaos/server/uasec"
 )
@@ -113,7 +115,45 @@ type Config struct {
 	// it until the request's handler returned (see ReleaseGate), and
 	// responses are signed and encrypted holding the gate.
 	CryptoInGate bool
+	// Budget is charged (class budget.Chunks) for the unfinished chunks
+	// the channel buffers, beside the per-channel Limits: a chunk that
+	// does not fit closes the channel with ERR BadTcpNotEnoughResources.
+	// The charge is released when its request completes or is aborted,
+	// and when the channel closes. Nil: per-channel limits only (the
+	// chunks-per-channel-only fault).
+	Budget *budget.Budget
+	// IdleTimeout closes the channel with ERR BadTimeout when Active does
+	// not report true that long after the first OpenSecureChannel: a
+	// channel opened and left without an activated session does not hold
+	// a connection forever. Zero: no idle timeout (the idle-after-open
+	// fault).
+	IdleTimeout time.Duration
+	// Active reports whether a session was activated on the channel; the
+	// idle timeout spares such a channel. Nil means never.
+	Active func() bool
+	// EnforceLifetime closes the channel with ERR
+	// BadSecureChannelTokenUnknown when its security token is not renewed
+	// within 125 % of the token's revised lifetime (Part 6, 6.7.4: the
+	// token expires), and refuses a message carrying an expired token
+	// with the same error. Off: tokens never expire (the idle-after-open
+	// fault).
+	EnforceLifetime bool
 }
+
+// Closing reasons of a channel closed by one of its timers.
+var (
+	// ErrIdle: no session was activated within Config.IdleTimeout after
+	// OpenSecureChannel.
+	ErrIdle = errors.New("no session activated within the idle timeout after OpenSecureChannel")
+	// ErrTokenExpired: the security token was not renewed within 125 % of
+	// its lifetime.
+	ErrTokenExpired = errors.New("security token not renewed within 125 % of its lifetime")
+)
+
+// expiryGrace is the share of a token's revised lifetime after which an
+// unrenewed token expires: clients renew at 75 %, so 125 % leaves them
+// half a lifetime of slack.
+const expiryGrace = 1.25
 
 // Frame and header sizes of UA Secure Conversation with SecurityPolicy None.
 const (
@@ -202,6 +242,24 @@ type SecureTransport struct {
 	sendTok  uint32 // token id written in MSG headers
 	// The symmetric keys of token, oldToken and sendTok (secured channels).
 	keys, oldKeys, sendKeys *symKeys
+	// expires and oldExpires are when token and oldToken expire
+	// (Config.EnforceLifetime; zero otherwise); expiry closes the channel
+	// at expires unless a renewal moved it.
+	expires, oldExpires time.Time
+	expiry              *time.Timer
+	idle                *time.Timer // Config.IdleTimeout after the first OPN
+	stopped             bool        // Close ran: no timer is armed again
+
+	// chargeMu guards charged: the bytes of unfinished chunks charged to
+	// Config.Budget. The reader charges and releases; Close releases the
+	// rest, from any goroutine, once.
+	chargeMu     sync.Mutex
+	charged      int64
+	chargeClosed bool
+
+	// reason is why a timer closed the channel (a *ProtocolError), which
+	// Receive returns instead of the closed connection's error.
+	reason atomic.Pointer[ProtocolError]
 
 	closeOnce sync.Once
 	closeErr  error
@@ -391,6 +449,10 @@ func (t *SecureTransport) Receive(ctx context.Context) (Message, error) {
 	for {
 		typ, chunk, body, err := t.readFrame()
 		if err != nil {
+			if r := t.reason.Load(); r != nil {
+				// A timer closed the channel: say why.
+				return Message{}, r
+			}
 			return Message{}, err
 		}
 		switch typ {
@@ -508,7 +570,7 @@ func (t *SecureTransport) openSecureChannel(chunk byte, body []byte) error {
 			t.tokMu.Unlock()
 			return fail(ua.StatusBadTCPSecureChannelUnknown, fmt.Errorf("Renew of channel %d", chID))
 		}
-		t.oldToken, t.oldKeys = t.token, t.keys
+		t.oldToken, t.oldKeys, t.oldExpires = t.token, t.keys, t.expires
 		if t.token++; t.token == 0 {
 			t.token = 1
 		}
@@ -582,12 +644,91 @@ func (t *SecureTransport) openSecureChannel(chunk byte, body []byte) error {
 		}
 	}
 	t.log.Debug("security token issued", "type", req.RequestType, "token", token, "lifetime_ms", lifetime, "policy", string(policy))
+	t.armExpiry(time.Duration(lifetime) * time.Millisecond)
 	if !t.open {
 		t.open = true
-		// The handshake is over: the connection may idle now.
+		// The handshake is over: the handshake deadline goes, and the
+		// idle timeout takes over until a session is activated.
 		_ = t.conn.SetDeadline(time.Time{})
+		t.armIdle()
 	}
 	return nil
+}
+
+// armExpiry starts (or, on a renewal, moves) the expiry of the token just
+// issued: 125 % of its lifetime from now (Config.EnforceLifetime).
+func (t *SecureTransport) armExpiry(lifetime time.Duration) {
+	if !t.cfg.EnforceLifetime {
+		return
+	}
+	d := time.Duration(float64(lifetime) * expiryGrace)
+	t.tokMu.Lock()
+	defer t.tokMu.Unlock()
+	if t.stopped {
+		return
+	}
+	t.expires = time.Now().Add(d)
+	if t.expiry == nil {
+		t.expiry = time.AfterFunc(d, t.tokenExpired)
+	} else {
+		t.expiry.Reset(d)
+	}
+}
+
+// tokenExpired runs when the current token's expiry timer fires: unless a
+// renewal moved the expiry meanwhile, the channel is closed.
+func (t *SecureTransport) tokenExpired() {
+	t.tokMu.Lock()
+	if t.stopped {
+		t.tokMu.Unlock()
+		return
+	}
+	if left := time.Until(t.expires); left > 0 {
+		// A renewal raced with the timer: wait for the new expiry.
+		t.expiry.Reset(left)
+		t.tokMu.Unlock()
+		return
+	}
+	t.tokMu.Unlock()
+	t.closeFor(ua.StatusBadSecureChannelTokenUnknown, ErrTokenExpired)
+}
+
+// armIdle starts the idle timeout after the first OpenSecureChannel
+// (Config.IdleTimeout).
+func (t *SecureTransport) armIdle() {
+	if t.cfg.IdleTimeout <= 0 {
+		return
+	}
+	t.tokMu.Lock()
+	defer t.tokMu.Unlock()
+	if t.stopped {
+		return
+	}
+	t.idle = time.AfterFunc(t.cfg.IdleTimeout, func() {
+		if t.cfg.Active != nil && t.cfg.Active() {
+			return
+		}
+		t.closeFor(ua.StatusBadTimeout, ErrIdle)
+	})
+}
+
+// closeFor closes the channel from one of its timers with an ERR message
+// carrying code; Receive then returns a *ProtocolError with code and
+// reason.
+func (t *SecureTransport) closeFor(code ua.StatusCode, reason error) {
+	if !t.reason.CompareAndSwap(nil, &ProtocolError{Code: code, Err: reason}) {
+		return
+	}
+	t.log.Debug("closing channel", "code", code, "reason", reason)
+	_ = t.Abort(code)
+}
+
+// Evict closes the channel with an ERR message carrying code because the
+// server needs its connection for another client (the connection limit);
+// Receive then returns a *ProtocolError with code and reason. It may be
+// called from any goroutine.
+func (t *SecureTransport) Evict(code ua.StatusCode, reason error) {
+	t.closeFor(code, reason)
 }
 
 // Security returns the channel's security: None until a secured
@@ -683,6 +824,11 @@ func (t *SecureTransport) messageChunk(chunk byte, body []byte) (Message, bool, 
 		if t.bufChunks+1 > t.lim.MaxBufferedChunks || t.bufBytes+len(data) > t.lim.MaxBufferedBytes {
 			return Message{}, false, t.fail(ua.StatusBadTCPMessageTooLarge, fmt.Errorf("more than %d chunks or %d bytes of unfinished requests (%d requests)", t.lim.MaxBufferedChunks, t.lim.MaxBufferedBytes, len(t.partial)))
 		}
+		if !t.charge(len(data)) {
+			// The unfinished chunks of all channels together are at
+			// their share of the memory budget.
+			return Message{}, false, t.fail(ua.StatusBadTCPNotEnoughResources, fmt.Errorf("unfinished chunks of all channels at their budget of %d bytes (this channel holds %d)", t.cfg.Budget.ClassLimit(budget.Chunks), t.bufBytes))
+		}
 		p.chunks++
 		p.data = append(p.data, data...)
 		t.bufChunks++
@@ -713,6 +859,9 @@ func (t *SecureTransport) messageChunk(chunk byte, body []byte) (Message, bool, 
 func (t *SecureTransport) checkToken(token uint32) (*symKeys, error) {
 	t.tokMu.Lock()
 	switch {
+	case (token == t.token || token == t.oldToken && t.oldToken != 0) && t.expired(token):
+		t.tokMu.Unlock()
+		return nil, t.fail(ua.StatusBadSecureChannelTokenUnknown, fmt.Errorf("token %d expired", token))
 	case token == t.token:
 		// Once the client uses the new token, the old one is retired.
 		t.sendTok, t.oldToken = token, 0
@@ -727,6 +876,16 @@ func (t *SecureTransport) checkToken(token uint32) (*symKeys, error) {
 	}
 	t.tokMu.Unlock()
 	return nil, t.fail(ua.StatusBadSecureChannelTokenUnknown, fmt.Errorf("token %d", token))
+}
+
+// expired reports whether token (the current or the previous one) is past
+// its expiry (Config.EnforceLifetime); tokMu held.
+func (t *SecureTransport) expired(token uint32) bool {
+	exp := t.expires
+	if token != t.token {
+		exp = t.oldExpires
+	}
+	return !exp.IsZero() && time.Now().After(exp)
 }
 
 // checkSize refuses a chunk of n bytes that would make request reqID
@@ -750,7 +909,42 @@ func (t *SecureTransport) drop(reqID uint32, p *partialMessage) {
 	}
 	t.bufChunks -= p.chunks
 	t.bufBytes -= len(p.data)
+	t.uncharge(len(p.data))
 	delete(t.partial, reqID)
+}
+
+// charge charges n bytes of an unfinished chunk to Config.Budget; false
+// if they do not fit or the channel is closed.
+func (t *SecureTransport) charge(n int) bool {
+	t.chargeMu.Lock()
+	defer t.chargeMu.Unlock()
+	if t.chargeClosed || !t.cfg.Budget.Charge(budget.Chunks, int64(n)) {
+		return false
+	}
+	t.charged += int64(n)
+	return true
+}
+
+// uncharge releases n charged bytes (the request completed or was
+// aborted). After Close it does nothing: Close released them all.
+func (t *SecureTransport) uncharge(n int) {
+	t.chargeMu.Lock()
+	defer t.chargeMu.Unlock()
+	if t.chargeClosed {
+		return
+	}
+	m := min(int64(n), t.charged)
+	t.charged -= m
+	t.cfg.Budget.Release(budget.Chunks, m)
+}
+
+// releaseCharges releases every byte still charged; later charges fail.
+func (t *SecureTransport) releaseCharges() {
+	t.chargeMu.Lock()
+	defer t.chargeMu.Unlock()
+	t.chargeClosed = true
+	t.cfg.Budget.Release(budget.Chunks, t.charged)
+	t.charged = 0
 }
 
 // decode decodes a service message body.
@@ -921,9 +1115,22 @@ func (t *SecureTransport) abortLocked(code ua.StatusCode) {
 	_ = t.write(frame(uacp.MessageTypeError, 'F', body))
 }
 
-// Close closes the connection.
+// Close closes the connection, stops the channel's timers and releases the
+// budget its unfinished chunks held.
 func (t *SecureTransport) Close() error {
-	t.closeOnce.Do(func() { t.closeErr = t.conn.Close() })
+	t.closeOnce.Do(func() {
+		t.closeErr = t.conn.Close()
+		t.tokMu.Lock()
+		t.stopped = true
+		if t.expiry != nil {
+			t.expiry.Stop()
+		}
+		if t.idle != nil {
+			t.idle.Stop()
+		}
+		t.tokMu.Unlock()
+		t.releaseCharges()
+	})
 	return t.closeErr
 }
 

@@ -1,0 +1,410 @@
+package server
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/gopcua/opcua/id"
+	"github.com/gopcua/opcua/ua"
+	"github.com/gopcua/opcua/uacp"
+
+	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
+	"github.com/opcua-chaos/opcua-chaos/server/internal/uatest"
+)
+
+// Regression tests of issue 32 (resource exhaustion), transport side:
+// unfinished chunks charged to the memory budget across all channels, the
+// idle timeout after OpenSecureChannel, the token lifetime enforced, and
+// eviction of session-less connections at the connection limit.
+
+// exhaustBudget is the memory budget of these tests: its chunks share is
+// 1 MiB, half of one channel's MaxBufferedBytes (2 MiB).
+const exhaustBudget = 4 << 20
+
+// chunkData is the body of one full intermediate chunk of a raw client
+// (65535-byte receive buffer, 24-byte header).
+const chunkData = 0xffff - 24
+
+// chunksPerConn intermediate chunks per connection: 4 connections fit in the
+// chunks share (4 × 4 × 65511 B < 1 MiB), a 5th chunk of a 5th does not.
+const chunksPerConn = 4
+
+// statusRead is a small Read of the server state, without a session (it
+// is answered with a ServiceFault BadSessionIdInvalid).
+func statusRead() *ua.ReadRequest {
+	return &ua.ReadRequest{NodesToRead: []*ua.ReadValueID{{
+		NodeID: ua.NewNumericNodeID(0, id.Server_ServerStatus_State), AttributeID: ua.AttributeIDValue, DataEncoding: &ua.QualifiedName{},
+	}}}
+}
+
+// holdChunks opens n raw channels and sends chunksPerConn intermediate
+// chunks of one unfinished request (id 100) on each, then a complete small
+// request whose answer shows that the server read and kept the chunks
+// before it.
+func holdChunks(t *testing.T, addr string, n int) []*uatest.Conn {
+	t.Helper()
+	payload := make([]byte, chunkData)
+	conns := make([]*uatest.Conn, n)
+	for i := range conns {
+		c := rawChannel(t, addr, uacp.Hello{})
+		conns[i] = c
+		for range chunksPerConn {
+			if err := c.Chunk('C', 100, payload); err != nil {
+				t.Fatalf("channel %d: %v", i, err)
+			}
+		}
+		if _, err := c.Call(statusRead()); err != nil {
+			t.Fatalf("channel %d holding %d chunks: %v", i, chunksPerConn, err)
+		}
+	}
+	return conns
+}
+
+// TestChunksChargedAcrossChannels: unfinished chunks of all channels are
+// charged to the budget's chunks share; once it is full a channel's next
+// chunk is refused with ERR BadTcpNotEnoughResources and the channel
+// closed, while a new client is served. Aborting, completing and closing
+// release the charges: the budget returns to 0.
+func TestChunksChargedAcrossChannels(t *testing.T) {
+	ts := runServer(t, Config{MemoryBudget: exhaustBudget})
+	conns := holdChunks(t, ts.addr, chunksPerConn)
+	held := int64(chunksPerConn * chunksPerConn * chunkData)
+	if u := ts.budget.UsedBy(budget.Chunks); u != held {
+		t.Fatalf("chunks charged = %d, want %d", u, held)
+	}
+	// One more chunk, on a fifth channel, does not fit. (Nothing else is
+	// sent after it: a server closing with unread data would reset the
+	// connection, and the ERR message could be lost.)
+	extra := rawChannel(t, ts.addr, uacp.Hello{})
+	if err := extra.Chunk('C', 100, make([]byte, chunkData)); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := awaitClose(t, extra, 5*time.Second); code != ua.StatusBadTCPNotEnoughResources {
+		t.Fatalf("channel beyond the chunks share closed with %v, want ERR BadTcpNotEnoughResources", code)
+	}
+	waitFor(t, "the refused channel's charges released", func() bool { return ts.budget.UsedBy(budget.Chunks) == held })
+	if limit := ts.budget.ClassLimit(budget.Chunks); held > limit {
+		t.Fatalf("test setup: %d bytes held above the share %d", held, limit)
+	}
+	if n := ts.budget.Refused(budget.Chunks); n < 1 {
+		t.Errorf("refused chunk charges = %d, want ≥ 1", n)
+	}
+	stillServes(t, ts.endpoint)
+
+	// An abort chunk releases its request's chunks.
+	if err := conns[0].Chunk('A', 100, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the aborted request's charge released", func() bool {
+		return ts.budget.UsedBy(budget.Chunks) == held-chunksPerConn*chunkData
+	})
+	// A final chunk completes the request (not a valid body: it is
+	// answered with a ServiceFault) and releases it.
+	if err := conns[1].Chunk('F', 100, make([]byte, 8)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the completed request's charge released", func() bool {
+		return ts.budget.UsedBy(budget.Chunks) == held-2*chunksPerConn*chunkData
+	})
+	// Closing a channel releases what it held.
+	for _, c := range conns[2:] {
+		c.Close()
+	}
+	waitFor(t, "the closed channels' charges released", func() bool { return ts.budget.UsedBy(budget.Chunks) == 0 })
+	for _, c := range conns[:2] {
+		c.Close()
+	}
+	waitFor(t, "budget back to 0", func() bool { return ts.budget.Used() == 0 })
+}
+
+// TestFaultChunksPerChannelOnly: with chunks-per-channel-only nothing is
+// charged, and the channels together hold more than the chunks share.
+func TestFaultChunksPerChannelOnly(t *testing.T) {
+	ts := runServer(t, Config{MemoryBudget: exhaustBudget, Faults: Faults{FaultChunksPerChannelOnly: true}})
+	n := 2 * (chunksPerConn + 1)
+	conns := holdChunks(t, ts.addr, n)
+	for i, c := range conns {
+		stillOpen(t, c, 20*time.Millisecond, fmt.Sprintf("channel %d holding its chunks under the fault", i))
+	}
+	if held, limit := int64(n*chunksPerConn*chunkData), ts.budget.ClassLimit(budget.Chunks); held <= limit {
+		t.Fatalf("test setup: %d bytes held, not above the share %d", held, limit)
+	}
+	if u := ts.budget.UsedBy(budget.Chunks); u != 0 {
+		t.Errorf("chunks charged = %d, want 0 under the fault", u)
+	}
+}
+
+// awaitClose reads from c until the server closes it or within elapses. It
+// returns the ERR message's code (0 if closed without one) and how long it
+// took; it fails the test if c is still open.
+func awaitClose(t *testing.T, c *uatest.Conn, within time.Duration) (ua.StatusCode, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	_ = c.SetReadDeadline(start.Add(within))
+	for {
+		_, _, _, err := c.ReadFrame()
+		if err == nil {
+			continue
+		}
+		var em *uatest.ErrorMessage
+		switch {
+		case errors.As(err, &em):
+			return em.Code, time.Since(start)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			t.Fatalf("still open after %v", within)
+		case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, io.ErrUnexpectedEOF):
+			return 0, time.Since(start)
+		default:
+			return 0, time.Since(start) // connection reset
+		}
+	}
+}
+
+// stillOpen checks that c gets nothing, not even a close, for d.
+func stillOpen(t *testing.T, c *uatest.Conn, d time.Duration, what string) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	if _, _, _, err := c.ReadFrame(); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("%s: %v, want still open", what, err)
+	}
+	_ = c.SetReadDeadline(time.Time{})
+}
+
+// TestIdleTimeoutAfterOpen: a channel opened without an activated session
+// is closed with ERR BadTimeout IdleTimeout after its OpenSecureChannel; a
+// channel with an activated session stays open; under idle-after-open
+// neither is closed.
+func TestIdleTimeoutAfterOpen(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	for _, fault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
+			ts := runServer(t, Config{IdleTimeout: idle, Faults: Faults{FaultIdleAfterOpen: fault}})
+			active := rawChannel(t, ts.addr, uacp.Hello{})
+			if err := active.Session(nil); err != nil {
+				t.Fatal(err)
+			}
+			idler := rawChannel(t, ts.addr, uacp.Hello{})
+			opened := time.Now()
+			if fault {
+				stillOpen(t, idler, 3*idle, "idle channel under the fault")
+			} else {
+				code, _ := awaitClose(t, idler, 10*idle)
+				took := time.Since(opened)
+				if code != ua.StatusBadTimeout {
+					t.Errorf("idle channel closed with %v, want ERR BadTimeout", code)
+				}
+				if took < idle*9/10 {
+					t.Errorf("idle channel closed after %v, before the idle timeout %v", took, idle)
+				}
+				t.Logf("idle channel closed after %v", took)
+			}
+			stillOpen(t, active, idle, "channel with an activated session")
+			if r, err := active.Call(statusRead()); err != nil || r.Status() != ua.StatusOK {
+				t.Errorf("Read on the active channel: %v %v", r, err)
+			}
+		})
+	}
+}
+
+// openLifetime sends an OpenSecureChannel of kind asking for lifetime on
+// c and sets c's channel and token ids (uatest always asks for an hour).
+func openLifetime(t *testing.T, c *uatest.Conn, kind ua.SecurityTokenRequestType, lifetime time.Duration, reqID uint32) time.Duration {
+	t.Helper()
+	body, err := uatest.EncodeService(&ua.OpenSecureChannelRequest{
+		RequestHeader:     rawHeader(reqID),
+		RequestType:       kind,
+		SecurityMode:      ua.MessageSecurityModeNone,
+		ClientNonce:       []byte{},
+		RequestedLifetime: uint32(lifetime / time.Millisecond),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := binary.LittleEndian.AppendUint32(nil, c.ChannelID)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(ua.SecurityPolicyURINone)))
+	b = append(b, ua.SecurityPolicyURINone...)
+	b = binary.LittleEndian.AppendUint32(b, 0xffffffff)
+	b = binary.LittleEndian.AppendUint32(b, 0xffffffff)
+	b = binary.LittleEndian.AppendUint32(b, reqID) // sequence number (not checked under None)
+	b = binary.LittleEndian.AppendUint32(b, reqID)
+	if _, err := c.Write(uatest.Frame("OPN", 'F', append(b, body...))); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		typ, _, body, err := c.ReadFrame()
+		if err != nil {
+			t.Fatalf("OpenSecureChannel: %v", err)
+		}
+		if typ != "OPN" {
+			continue // a late response
+		}
+		r := body[4:] // channel id; then policy, certificate, thumbprint
+		for range 3 {
+			n := int32(binary.LittleEndian.Uint32(r))
+			r = r[4+max(n, 0):]
+		}
+		_, v, err := ua.DecodeService(r[8:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok := v.(*ua.OpenSecureChannelResponse).SecurityToken
+		c.ChannelID, c.TokenID = tok.ChannelID, tok.TokenID
+		return time.Duration(tok.RevisedLifetime) * time.Millisecond
+	}
+}
+
+// TestTokenLifetimeEnforced: a channel (with an activated session) whose
+// token is not renewed within 125 % of its lifetime is closed with ERR
+// BadSecureChannelTokenUnknown; one renewed at 75 % stays open and
+// serves; under idle-after-open tokens never expire.
+func TestTokenLifetimeEnforced(t *testing.T) {
+	const lifetime = 200 * time.Millisecond
+	for _, fault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
+			ts := runServer(t, Config{MinChannelLifetime: lifetime, Faults: Faults{FaultIdleAfterOpen: fault}})
+			dial := func() (*uatest.Conn, time.Time) {
+				c, err := uatest.Dial(ts.addr, uacp.Hello{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close() })
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				if got := openLifetime(t, c, ua.SecurityTokenRequestTypeIssue, lifetime, 1000); got != lifetime {
+					t.Fatalf("revised lifetime %v, want %v", got, lifetime)
+				}
+				opened := time.Now()
+				if err := c.Session(nil); err != nil {
+					t.Fatal(err)
+				}
+				_ = c.SetDeadline(time.Time{})
+				return c, opened
+			}
+			stale, opened := dial()
+			renewed, _ := dial()
+			// renewed renews at 75 % and reads, for 4 lifetimes.
+			for i := range 5 {
+				time.Sleep(lifetime * 3 / 4)
+				openLifetime(t, renewed, ua.SecurityTokenRequestTypeRenew, lifetime, uint32(2000+i))
+				if r, err := renewed.Call(statusRead()); err != nil || r.Status() != ua.StatusOK {
+					t.Fatalf("Read after renewal %d: %v %v", i+1, r, err)
+				}
+			}
+			if fault {
+				stillOpen(t, stale, lifetime, "unrenewed channel under the fault")
+				if r, err := stale.Call(statusRead()); err != nil || r.Status() != ua.StatusOK {
+					t.Errorf("Read with the old token under the fault: %v %v", r, err)
+				}
+				return
+			}
+			code, _ := awaitClose(t, stale, 10*lifetime)
+			took := time.Since(opened)
+			if code != ua.StatusBadSecureChannelTokenUnknown {
+				t.Errorf("unrenewed channel closed with %v, want ERR BadSecureChannelTokenUnknown", code)
+			}
+			if took < lifetime*5/4 {
+				t.Errorf("unrenewed channel closed after %v, before 125 %% of its lifetime", took)
+			}
+			t.Logf("unrenewed channel closed %v after its OpenSecureChannel", took)
+		})
+	}
+}
+
+// TestEvictAtConnectionLimit: with MaxConnections channels open and no
+// session activated on any, a new client connects, opens a session and
+// reads: the oldest idle channel is evicted (ERR BadTcpNotEnoughResources)
+// and counted. Under idle-after-open the new client is refused
+// (BadMaxConnectionsReached).
+func TestEvictAtConnectionLimit(t *testing.T) {
+	const limit = 20
+	for _, fault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
+			ts := runServer(t, Config{MaxConnections: limit, Faults: Faults{FaultIdleAfterOpen: fault}})
+			idle := make([]*uatest.Conn, limit)
+			for i := range idle {
+				idle[i] = rawChannel(t, ts.addr, uacp.Hello{})
+			}
+			waitFor(t, "the idle channels", func() bool { return ts.openConns.Load() == limit })
+			victim, err := uatest.Dial(ts.addr, uacp.Hello{})
+			if fault {
+				var em *uatest.ErrorMessage
+				if !errors.As(err, &em) || em.Code != ua.StatusBadMaxConnectionsReached {
+					t.Fatalf("new client under the fault: %v, want ERR BadMaxConnectionsReached", err)
+				}
+				if n := ts.stats.evictedConns.Load(); n != 0 {
+					t.Errorf("%s = %d under the fault, want 0", NodeEvicted, n)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("new client at the limit: %v", err)
+			}
+			defer victim.Close()
+			_ = victim.SetDeadline(time.Now().Add(10 * time.Second))
+			if err := victim.Open(); err != nil {
+				t.Fatalf("new client's OpenSecureChannel: %v", err)
+			}
+			if err := victim.Session(nil); err != nil {
+				t.Fatalf("new client's session: %v", err)
+			}
+			if r, err := victim.Call(statusRead()); err != nil || r.Status() != ua.StatusOK {
+				t.Fatalf("new client's Read: %v %v", r, err)
+			}
+			if code, _ := awaitClose(t, idle[0], 5*time.Second); code != ua.StatusBadTCPNotEnoughResources {
+				t.Errorf("oldest idle channel closed with %v, want ERR BadTcpNotEnoughResources", code)
+			}
+			stillOpen(t, idle[1], 50*time.Millisecond, "second oldest idle channel")
+			if n := ts.stats.evictedConns.Load(); n != 1 {
+				t.Errorf("%s = %d, want 1", NodeEvicted, n)
+			}
+			if n := ts.stats.refusedConns.Load(); n != 0 {
+				t.Errorf("%s = %d, want 0", NodeRefused, n)
+			}
+			waitFor(t, "the evicted connection gone", func() bool { return ts.openConns.Load() == limit })
+		})
+	}
+}
+
+// TestEvictSparesActivated: at the limit, a connection that never sent
+// Hello (the oldest) is evicted before channels opened later, and a
+// connection with an activated session never is: with every connection
+// activated the new one is refused.
+func TestEvictSparesActivated(t *testing.T) {
+	ts := runServer(t, Config{MaxConnections: 2})
+	nc, err := net.Dial("tcp", ts.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	waitFor(t, "the silent connection", func() bool { return ts.openConns.Load() == 1 })
+	a := rawChannel(t, ts.addr, uacp.Hello{})
+	if err := a.Session(nil); err != nil {
+		t.Fatal(err)
+	}
+	b := rawChannel(t, ts.addr, uacp.Hello{}) // evicts the silent one
+	_ = nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := nc.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("silent connection: %v, want closed", err)
+	}
+	if err := b.Session(nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err = uatest.Dial(ts.addr, uacp.Hello{})
+	var em *uatest.ErrorMessage
+	if !errors.As(err, &em) || em.Code != ua.StatusBadMaxConnectionsReached {
+		t.Fatalf("new client with every connection activated: %v, want ERR BadMaxConnectionsReached", err)
+	}
+	for name, c := range map[string]*uatest.Conn{"a": a, "b": b} {
+		if r, err := c.Call(statusRead()); err != nil || r.Status() != ua.StatusOK {
+			t.Errorf("activated channel %s after the refusal: %v %v", name, r, err)
+		}
+	}
+	if n := ts.stats.evictedConns.Load(); n != 1 {
+		t.Errorf("%s = %d, want 1", NodeEvicted, n)
+	}
+}
