@@ -230,6 +230,9 @@ func (s *Server) authenticate(eo *ua.ExtensionObject, nonce []byte, channelPolic
 			return "", ua.StatusBadUserAccessDenied, "unknown user or wrong password"
 		}
 		return t.UserName, ua.StatusOK, ""
+	case droppedToken:
+		// A held login's token of a type not offered (heldToken).
+		return "", ua.StatusBadIdentityTokenInvalid, t.typ + " not offered"
 	default:
 		return "", ua.StatusBadIdentityTokenInvalid, fmt.Sprintf("%T not offered", tok)
 	}
@@ -246,6 +249,12 @@ func (s *Server) userPassword(t *ua.UserNameIdentityToken, nonce []byte, enc *ua
 		}
 		return nil, fmt.Sprintf("encryption algorithm %q, want %q", t.EncryptionAlgorithm, alg)
 	}
+	if n := s.secretBlocks(t.Password); n > s.cfg.MaxSecretBlocks && !s.cfg.Faults.Has(FaultRSABlocksUnbounded) {
+		// Each block costs an RSA private-key operation (about 1.3 ms
+		// for RSA-2048) and costs the client nothing to send: refused
+		// without decrypting any. (Fault rsa-blocks-unbounded: decrypted.)
+		return nil, fmt.Sprintf("secret of %d RSA blocks, at most %d", n, s.cfg.MaxSecretBlocks)
+	}
 	plain, err := enc.Decrypt(t.Password)
 	if err != nil || len(plain) < 4 {
 		return nil, "secret does not decrypt with the server key"
@@ -260,4 +269,12 @@ func (s *Server) userPassword(t *ua.UserNameIdentityToken, nonce []byte, enc *ua
 		return nil, "secret nonce is not the session's last server nonce"
 	}
 	return data[:split], ""
+}
+
+// secretBlocks is the number of RSA blocks of an encrypted secret: its
+// length over the server key's size, rounded up (every policy encrypts
+// with the one application instance key).
+func (s *Server) secretBlocks(secret []byte) int {
+	k := s.creds.key.Size()
+	return (len(secret) + k - 1) / k
 }
