@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -175,6 +176,7 @@ func New(cfg Config) (*Server, error) {
 	fill(&cfg.MaxHeldLoginsPerPeer, DefaultMaxHeldLogins)
 	fill(&cfg.MaxSecretBlocks, DefaultMaxSecretBlocks)
 	fill(&cfg.MaxStringLength, DefaultMaxStringLength)
+	fill(&cfg.MaxAnonymousSessions, max(1, cmp.Or(cfg.MaxSessions, session.DefaultMaxSessions)/2))
 	if cfg.MemoryBudget <= 0 {
 		cfg.MemoryBudget = budget.DefaultLimit
 	}
@@ -198,6 +200,10 @@ func New(cfg Config) (*Server, error) {
 			MaxUnactivated:     cfg.MaxUnactivatedSessions,
 			UnactivatedTimeout: cfg.UnactivatedTimeout,
 			NeverExpire:        cfg.Faults.Has(FaultSessionsNeverExpire),
+			MaxAnonymous:       cfg.MaxAnonymousSessions,
+			OutliveChannels:    cfg.Faults.Has(FaultSessionsOutliveChannels),
+			UnactivatedRefuse:  cfg.Faults.Has(FaultUnactivatedRefuse),
+			Logger:             cfg.Logger,
 		}),
 		start:   time.Now(),
 		queue:   newQueue(cfg),

@@ -329,10 +329,9 @@ func (s *Server) activateSession(cn *conn, r *ua.ActivateSessionRequest, now tim
 	}
 	var next []byte
 	if code == ua.StatusOK {
-		var ok bool
-		if next, ok = sess.Activate(user, cn.id, nonce); !ok {
-			code, why = ua.StatusBadIdentityTokenInvalid, "server nonce replaced by a concurrent activation"
-		}
+		// Refused if a concurrent activation replaced the nonce, the
+		// session was closed meanwhile, or the anonymous share is full.
+		next, code, why = sess.Activate(user, cn.id, nonce)
 	}
 	if code != ua.StatusOK {
 		s.stats.securityRejected.Add(1)
@@ -340,6 +339,9 @@ func (s *Server) activateSession(cn *conn, r *ua.ActivateSessionRequest, now tim
 		return s.fault(r, code)
 	}
 	cn.active.Store(true)
+	if cn.ctx.Err() != nil {
+		s.sessions.ChannelClosed(cn.id) // the channel closed during the activation: the session is an orphan
+	}
 	return &ua.ActivateSessionResponse{
 		ResponseHeader: respHeader(r, ua.StatusOK),
 		ServerNonce:    next,

@@ -2,11 +2,18 @@
 // random authentication token and server nonce, activation with a user
 // identity (each issuing a new server nonce), lookup by token on every
 // service call, close and timeout.
+//
+// The table cannot be locked by a flood: at MaxUnactivated the oldest
+// unactivated session makes room for a new one; anonymous sessions hold at
+// most MaxAnonymous places; and a session whose secure channel closed
+// (an orphan, see Manager.ChannelClosed) stays resumable on a new channel
+// until it expires, or, if anonymous, until a new session needs its place.
 package session
 
 import (
 	"bytes"
 	"crypto/rand"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +36,11 @@ type Session struct {
 	lastSeen atomic.Int64 // unix nanos
 	created  time.Time
 	m        *Manager
+	seq      uint64 // creation order
+
+	// Guarded by m.mu (the manager's bookkeeping).
+	anon   bool   // activated with the anonymous identity: counted in m.anonymous
+	orphan uint64 // when its channel closed (the manager's orphan sequence); 0 while bound to an open channel
 
 	mu        sync.Mutex
 	activated bool
@@ -80,25 +92,57 @@ func (s *Session) ServerNonce() []byte {
 // Activate marks the session active for user ("" for anonymous) on the
 // secure channel channelID, if nonce (the ServerNonce the caller checked
 // the identity against) is still the session's server nonce, and issues
-// and returns the next server nonce. It reports false, and changes
-// nothing, when another activation replaced the nonce in between.
-func (s *Session) Activate(user string, channelID uint32, nonce []byte) (next []byte, ok bool) {
+// and returns the next server nonce. On refusal it returns the status and
+// why, and changes nothing: BadIdentityTokenInvalid when another activation
+// replaced the nonce in between, BadSessionIDInvalid when the session was
+// closed meanwhile, BadTooManySessions when the session would become
+// anonymous beyond the manager's anonymous share and no orphaned anonymous
+// session can make room.
+func (s *Session) Activate(user string, channelID uint32, nonce []byte) (next []byte, code ua.StatusCode, why string) {
 	next = newNonce()
+	m := s.m
+	m.mu.Lock()
 	s.mu.Lock()
-	if !bytes.Equal(nonce, s.nonce) {
-		s.mu.Unlock()
-		return nil, false
+	var evicted *Session
+	switch {
+	case m.byKey[s.key] != s:
+		code, why = ua.StatusBadSessionIDInvalid, "session closed"
+	case !bytes.Equal(nonce, s.nonce):
+		code, why = ua.StatusBadIdentityTokenInvalid, "server nonce replaced by a concurrent activation"
+	case user == "" && !s.anon:
+		if evicted = m.anonymousPlaceLocked(s); evicted == nil && len(m.anonymous) >= m.lim.MaxAnonymous {
+			m.anonRefused++
+			code, why = ua.StatusBadTooManySessions, "too many anonymous sessions"
+		}
 	}
-	first := !s.activated
+	if code != ua.StatusOK {
+		s.mu.Unlock()
+		m.mu.Unlock()
+		return nil, code, why
+	}
 	s.activated = true
 	s.user = user
 	s.channelID = channelID
 	s.nonce = next
 	s.mu.Unlock()
-	if first && s.m != nil {
-		s.m.activated(s)
+	// Bound to an open channel again: no longer an orphan.
+	s.orphan = 0
+	delete(m.unactivated, s)
+	switch {
+	case user == "":
+		s.anon = true
+		m.anonymous[s] = struct{}{}
+	case s.anon:
+		s.anon = false
+		delete(m.anonymous, s)
 	}
-	return bytes.Clone(next), true
+	m.mu.Unlock()
+	if evicted != nil {
+		m.log.Warn("closed an orphaned anonymous session to make room for an anonymous activation",
+			"closed", evicted.ID.String(), "name", evicted.Name, "session", s.ID.String(), "max_anonymous", m.lim.MaxAnonymous)
+		evicted.close()
+	}
+	return bytes.Clone(next), ua.StatusOK, ""
 }
 
 // State returns whether the session is activated, its user name ("" when
@@ -159,11 +203,30 @@ type Limits struct {
 	// UnactivatedTimeout closes a session not activated within it after
 	// its creation (whatever its session timeout); default 30 s.
 	UnactivatedTimeout time.Duration
+	// MaxAnonymous bounds the sessions activated with the anonymous
+	// identity (default MaxSessions/2), so anonymous clients cannot take
+	// the places of user logins. Beyond it an anonymous activation closes
+	// the oldest orphaned anonymous session or is refused.
+	MaxAnonymous int
 	// NeverExpire is the sessions-never-expire fault: an activated session
 	// idle for longer than its timeout is never closed. Sessions not yet
 	// activated still expire (UnactivatedTimeout, and their own timeout).
 	NeverExpire bool
+	// OutliveChannels is the sessions-outlive-channels fault: anonymous
+	// sessions have no share of their own (MaxAnonymous is MaxSessions)
+	// and an orphaned session is never closed to make room: it stays for
+	// its full timeout.
+	OutliveChannels bool
+	// UnactivatedRefuse is the unactivated-refuse fault: CreateSession is
+	// refused at MaxUnactivated (and at MaxSessions) instead of closing the
+	// oldest unactivated session.
+	UnactivatedRefuse bool
+	// Logger receives the evictions (slog.Default()).
+	Logger *slog.Logger
 }
+
+// DefaultMaxSessions is Limits.MaxSessions when it is not set.
+const DefaultMaxSessions = 1000
 
 // Counts are the manager's diagnostics.
 type Counts struct {
@@ -176,21 +239,36 @@ type Counts struct {
 	// UnactivatedExpired counts sessions closed because they were not
 	// activated in time (also counted in Timeouts).
 	UnactivatedExpired int64
+	// Anonymous are the sessions activated with the anonymous identity;
+	// Orphaned the activated sessions whose channel closed.
+	Anonymous, Orphaned int
+	// UnactivatedEvicted counts unactivated sessions closed to make room
+	// for a new one; OrphansEvicted orphaned anonymous sessions closed to
+	// make room; AnonymousRefused anonymous activations refused
+	// BadTooManySessions (the anonymous share was full).
+	UnactivatedEvicted, OrphansEvicted, AnonymousRefused int64
 }
 
 // Manager holds all sessions of a server.
 type Manager struct {
 	lim Limits
+	log *slog.Logger
 
+	// mu is taken before a Session's mu, never after.
 	mu          sync.Mutex
 	byKey       map[string]*Session
 	unactivated map[*Session]struct{}
+	anonymous   map[*Session]struct{} // activated with the anonymous identity
 	nextID      uint32
+	orphanSeq   uint64
 	cumulated   int64
 	timeouts    int64
 	rejected    int64
 	closed      int64
 	unactExpire int64
+	unactEvict  int64
+	orphanEvict int64
+	anonRefused int64
 }
 
 // NewManager returns an empty manager.
@@ -205,20 +283,36 @@ func NewManager(lim Limits) *Manager {
 		lim.DefaultTimeout = 60 * time.Second
 	}
 	if lim.MaxSessions <= 0 {
-		lim.MaxSessions = 1000
+		lim.MaxSessions = DefaultMaxSessions
 	}
 	if lim.MaxUnactivated <= 0 {
 		lim.MaxUnactivated = max(1, lim.MaxSessions/2)
 	}
+	if lim.MaxAnonymous <= 0 {
+		lim.MaxAnonymous = max(1, lim.MaxSessions/2)
+	}
+	if lim.OutliveChannels {
+		// Fault sessions-outlive-channels: anonymous sessions may take
+		// the whole table.
+		lim.MaxAnonymous = lim.MaxSessions
+	}
 	if lim.UnactivatedTimeout <= 0 {
 		lim.UnactivatedTimeout = 30 * time.Second
 	}
-	return &Manager{lim: lim, byKey: make(map[string]*Session), unactivated: make(map[*Session]struct{})}
+	if lim.Logger == nil {
+		lim.Logger = slog.Default()
+	}
+	return &Manager{lim: lim, log: lim.Logger, byKey: make(map[string]*Session),
+		unactivated: make(map[*Session]struct{}), anonymous: make(map[*Session]struct{})}
 }
 
 // Create creates an unactivated session with the requested timeout (revised
-// into the limits) and its first server nonce. It returns nil when
-// MaxSessions sessions, or MaxUnactivated unactivated ones, exist.
+// into the limits) and its first server nonce. At MaxUnactivated
+// unactivated sessions it closes the oldest of them to make room; at
+// MaxSessions it closes the oldest orphaned anonymous session, else the
+// oldest unactivated one. It returns nil (BadTooManySessions) when no
+// session can make room. Under the unactivated-refuse fault it returns nil
+// at either limit instead.
 func (m *Manager) Create(name string, requested time.Duration, now time.Time) *Session {
 	switch {
 	case requested <= 0:
@@ -234,31 +328,118 @@ func (m *Manager) Create(name string, requested time.Duration, now time.Time) *S
 	s := &Session{Token: token, Name: name, Timeout: requested, key: token.String(), created: now, m: m, nonce: newNonce()}
 	s.Touch(now)
 
+	var evicted []*Session // closed once m.mu is released
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if len(m.byKey) >= m.lim.MaxSessions || len(m.unactivated) >= m.lim.MaxUnactivated {
-		m.rejected++
-		return nil
+	if len(m.unactivated) >= m.lim.MaxUnactivated {
+		if m.lim.UnactivatedRefuse {
+			// Fault unactivated-refuse: whoever holds the unactivated
+			// places locks new clients out.
+			m.rejected++
+			m.mu.Unlock()
+			return nil
+		}
+		v := m.oldestLocked(m.unactivated, false)
+		m.remove(v)
+		m.unactEvict++
+		evicted = append(evicted, v)
+	}
+	if len(m.byKey) >= m.lim.MaxSessions {
+		var v *Session
+		if !m.lim.OutliveChannels {
+			v = m.oldestLocked(m.anonymous, true)
+		}
+		if v != nil {
+			m.orphanEvict++
+		} else if !m.lim.UnactivatedRefuse {
+			if v = m.oldestLocked(m.unactivated, false); v != nil {
+				m.unactEvict++
+			}
+		}
+		if v == nil {
+			m.rejected++
+			m.mu.Unlock()
+			return nil
+		}
+		m.remove(v)
+		evicted = append(evicted, v)
 	}
 	m.nextID++
+	s.seq = uint64(m.nextID)
 	s.ID = ua.NewNumericNodeID(1, 1_000_000+m.nextID)
 	m.byKey[s.key] = s
 	m.unactivated[s] = struct{}{}
 	m.cumulated++
+	m.mu.Unlock()
+	for _, v := range evicted {
+		activated, user, _ := v.State()
+		m.log.Warn("closed a session to make room for a new one", "closed", v.ID.String(), "name", v.Name,
+			"activated", activated, "anonymous", activated && user == "", "session", s.ID.String(),
+			"max_sessions", m.lim.MaxSessions, "max_unactivated", m.lim.MaxUnactivated)
+		v.close()
+	}
 	return s
 }
 
-// activated records the first activation of s.
-func (m *Manager) activated(s *Session) {
+// oldestLocked returns the session of set created first, or, with orphans,
+// the one of set orphaned first among those whose channel closed; nil if
+// none. m.mu held.
+func (m *Manager) oldestLocked(set map[*Session]struct{}, orphans bool) *Session {
+	var best *Session
+	for s := range set {
+		switch {
+		case orphans && s.orphan == 0:
+		case best == nil,
+			orphans && s.orphan < best.orphan,
+			!orphans && s.seq < best.seq:
+			best = s
+		}
+	}
+	return best
+}
+
+// anonymousPlaceLocked makes room for one more anonymous session at the
+// anonymous share: it removes and returns the oldest orphaned anonymous
+// session other than s (the caller closes it), or nil if the share is not
+// full, or full with no orphan to close (then the activation is refused).
+// m.mu held.
+func (m *Manager) anonymousPlaceLocked(s *Session) *Session {
+	if len(m.anonymous) < m.lim.MaxAnonymous || m.lim.OutliveChannels {
+		return nil
+	}
+	v := m.oldestLocked(m.anonymous, true)
+	if v == nil || v == s {
+		return nil
+	}
+	m.remove(v)
+	m.orphanEvict++
+	return v
+}
+
+// ChannelClosed tells the manager that secure channel id closed: the
+// sessions activated on it become orphans. An orphan stays resumable by
+// ActivateSession on a new channel until it expires or, if anonymous, is
+// closed to make room for a new session.
+func (m *Manager) ChannelClosed(id uint32) {
 	m.mu.Lock()
-	delete(m.unactivated, s)
-	m.mu.Unlock()
+	defer m.mu.Unlock()
+	for _, s := range m.byKey {
+		// channelID only changes with m.mu held (Activate).
+		if s.orphan != 0 || s.channelID != id {
+			continue
+		}
+		if _, unactivated := m.unactivated[s]; unactivated {
+			continue
+		}
+		m.orphanSeq++
+		s.orphan = m.orphanSeq
+	}
 }
 
 // remove deletes s from the maps; m.mu held.
 func (m *Manager) remove(s *Session) {
 	delete(m.byKey, s.key)
 	delete(m.unactivated, s)
+	delete(m.anonymous, s)
 }
 
 // Lookup returns the session for an authentication token, or nil.
@@ -343,8 +524,16 @@ func (m *Manager) CloseAll() {
 func (m *Manager) Counts() Counts {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	orphaned := 0
+	for _, s := range m.byKey {
+		if s.orphan != 0 {
+			orphaned++
+		}
+	}
 	return Counts{Current: len(m.byKey), Cumulated: m.cumulated, Timeouts: m.timeouts, Rejected: m.rejected, Closed: m.closed,
-		Unactivated: len(m.unactivated), UnactivatedExpired: m.unactExpire}
+		Unactivated: len(m.unactivated), UnactivatedExpired: m.unactExpire,
+		Anonymous: len(m.anonymous), Orphaned: orphaned,
+		UnactivatedEvicted: m.unactEvict, OrphansEvicted: m.orphanEvict, AnonymousRefused: m.anonRefused}
 }
 
 // SweepInterval is how often Expire should run for timeouts to be enforced

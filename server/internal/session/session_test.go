@@ -33,8 +33,8 @@ func TestLifecycle(t *testing.T) {
 	if len(first) != NonceSize {
 		t.Fatalf("server nonce of %d bytes", len(first))
 	}
-	next, ok := s.Activate("user1", 7, first)
-	if !ok || len(next) != NonceSize || string(next) == string(first) {
+	next, code, _ := s.Activate("user1", 7, first)
+	if ok := code == ua.StatusOK; !ok || len(next) != NonceSize || string(next) == string(first) {
 		t.Fatalf("activate: ok %v, next nonce %x after %x", ok, next, first)
 	}
 	if activated, user, ch := s.State(); !activated || user != "user1" || ch != 7 {
@@ -44,7 +44,7 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("server nonce %x, want the one activation returned %x", got, next)
 	}
 	// An activation checked against a replaced nonce changes nothing.
-	if _, ok := s.Activate("user2", 8, first); ok {
+	if _, code, _ := s.Activate("user2", 8, first); code != ua.StatusBadIdentityTokenInvalid {
 		t.Error("activation with a stale nonce succeeded")
 	}
 	if _, user, ch := s.State(); user != "user1" || ch != 7 || string(s.ServerNonce()) != string(next) {
@@ -53,7 +53,10 @@ func TestLifecycle(t *testing.T) {
 
 	closed := make(chan struct{})
 	s.OnClose(func() { close(closed) })
-	m.Create("b", 0, now)
+	// A table full of activated user sessions has no room: none is
+	// closed for a new one.
+	sb := m.Create("b", 0, now)
+	sb.Activate("user2", 8, sb.ServerNonce())
 	if m.Create("c", 0, now) != nil {
 		t.Error("MaxSessions not enforced")
 	}
@@ -92,8 +95,9 @@ func TestTimeoutRevision(t *testing.T) {
 
 // TestUnactivatedSessionsBounded: sessions nobody activates are bounded in
 // number and closed after UnactivatedTimeout; activated ones are not.
+// (Under the unactivated-refuse fault: see TestUnactivatedEviction.)
 func TestUnactivatedSessionsBounded(t *testing.T) {
-	m := NewManager(Limits{MaxSessions: 10, MaxUnactivated: 2, UnactivatedTimeout: time.Second})
+	m := NewManager(Limits{MaxSessions: 10, MaxUnactivated: 2, UnactivatedTimeout: time.Second, UnactivatedRefuse: true})
 	now := time.Now()
 	a := m.Create("a", time.Hour, now)
 	b := m.Create("b", time.Hour, now)

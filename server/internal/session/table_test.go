@@ -1,0 +1,168 @@
+package session
+
+import (
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/gopcua/opcua/ua"
+)
+
+// quiet returns limits that log nowhere.
+func quiet(lim Limits) Limits {
+	lim.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	return lim
+}
+
+// activateOn activates s for user on channel ch and returns the status.
+func activateOn(s *Session, user string, ch uint32) ua.StatusCode {
+	_, code, _ := s.Activate(user, ch, s.ServerNonce())
+	return code
+}
+
+// TestUnactivatedEviction: at MaxUnactivated CreateSession closes the
+// oldest unactivated session instead of refusing; under the
+// unactivated-refuse fault it refuses.
+func TestUnactivatedEviction(t *testing.T) {
+	for _, fault := range []bool{false, true} {
+		m := NewManager(quiet(Limits{MaxSessions: 20, MaxUnactivated: 3, UnactivatedRefuse: fault}))
+		now := time.Now()
+		var old []*Session
+		for i := range 3 {
+			old = append(old, m.Create("flood", time.Hour, now.Add(time.Duration(i)*time.Millisecond)))
+		}
+		fresh := m.Create("fresh", time.Hour, now.Add(time.Second))
+		if fault {
+			if fresh != nil {
+				t.Error("unactivated-refuse: a fourth unactivated session was created")
+			}
+			if c := m.Counts(); c.Rejected != 1 || c.UnactivatedEvicted != 0 {
+				t.Errorf("unactivated-refuse: counts %+v", c)
+			}
+			continue
+		}
+		if fresh == nil {
+			t.Fatal("a new session was refused at MaxUnactivated")
+		}
+		if !old[0].Closed() || m.Lookup(old[0].Token) != nil || old[1].Closed() || old[2].Closed() {
+			t.Error("not the oldest unactivated session was closed")
+		}
+		if code := activateOn(old[0], "", 1); code != ua.StatusBadSessionIDInvalid {
+			t.Errorf("activating an evicted session: %v", code)
+		}
+		if code := activateOn(fresh, "user", 2); code != ua.StatusOK {
+			t.Errorf("activating the new session: %v", code)
+		}
+		if c := m.Counts(); c.Current != 3 || c.Unactivated != 2 || c.UnactivatedEvicted != 1 || c.Rejected != 0 {
+			t.Errorf("counts %+v", c)
+		}
+	}
+}
+
+// TestAnonymousShare: anonymous sessions hold at most MaxAnonymous places;
+// beyond, an anonymous activation closes the oldest orphan or is refused,
+// and a user login always finds a place. Under the
+// sessions-outlive-channels fault anonymous sessions fill the table.
+func TestAnonymousShare(t *testing.T) {
+	m := NewManager(quiet(Limits{MaxSessions: 6}))
+	now := time.Now()
+	var anon []*Session
+	for i := range 4 {
+		s := m.Create("anon", time.Hour, now)
+		code := activateOn(s, "", uint32(10+i))
+		if i < 3 && code != ua.StatusOK || i == 3 && code != ua.StatusBadTooManySessions {
+			t.Fatalf("anonymous activation %d: %v", i, code)
+		}
+		anon = append(anon, s)
+	}
+	if activated, _, _ := anon[3].State(); activated {
+		t.Fatal("a refused activation activated the session")
+	}
+	// Channel 11 closes: its session is an orphan, the first to go.
+	m.ChannelClosed(11)
+	if c := m.Counts(); c.Anonymous != 3 || c.Orphaned != 1 || c.AnonymousRefused != 1 {
+		t.Fatalf("counts %+v", c)
+	}
+	if code := activateOn(anon[3], "", 13); code != ua.StatusOK {
+		t.Fatalf("anonymous activation with an orphan to close: %v", code)
+	}
+	if !anon[1].Closed() || anon[0].Closed() || anon[2].Closed() {
+		t.Error("not the orphan was closed")
+	}
+	// A user login finds a place beside the full anonymous share.
+	u := m.Create("user", time.Hour, now)
+	if u == nil || activateOn(u, "user", 20) != ua.StatusOK {
+		t.Fatal("user login refused beside the anonymous share")
+	}
+	// A user session may become anonymous only within the share.
+	if code := activateOn(u, "", 20); code != ua.StatusBadTooManySessions {
+		t.Errorf("user session turning anonymous beyond the share: %v", code)
+	}
+	if c := m.Counts(); c.Anonymous != 3 || c.OrphansEvicted != 1 {
+		t.Errorf("counts %+v", c)
+	}
+
+	f := NewManager(quiet(Limits{MaxSessions: 6, OutliveChannels: true}))
+	for i := range 6 {
+		if s := f.Create("anon", time.Hour, now); s == nil || activateOn(s, "", uint32(i)) != ua.StatusOK {
+			t.Fatalf("sessions-outlive-channels: anonymous session %d refused", i)
+		}
+		f.ChannelClosed(uint32(i))
+	}
+	if f.Create("user", time.Hour, now) != nil {
+		t.Error("sessions-outlive-channels: an orphan was closed for a user login")
+	}
+}
+
+// TestOrphansMakeRoom: at MaxSessions CreateSession closes the oldest
+// orphaned anonymous session, then the oldest unactivated one, and only
+// then refuses; an orphan is resumable on a new channel until then, and a
+// user session's orphan is never closed for room.
+func TestOrphansMakeRoom(t *testing.T) {
+	m := NewManager(quiet(Limits{MaxSessions: 4, MaxUnactivated: 4, MaxAnonymous: 4}))
+	now := time.Now()
+	a := m.Create("a", time.Hour, now)
+	b := m.Create("b", time.Hour, now)
+	u := m.Create("u", time.Hour, now)
+	for i, s := range []*Session{a, b} {
+		if code := activateOn(s, "", uint32(i+1)); code != ua.StatusOK {
+			t.Fatal(code)
+		}
+	}
+	if code := activateOn(u, "user", 3); code != ua.StatusOK {
+		t.Fatal(code)
+	}
+	pending := m.Create("pending", time.Hour, now)
+	for _, ch := range []uint32{3, 2, 1} { // u orphaned first, then b, then a
+		m.ChannelClosed(ch)
+	}
+	// b resumes on a new channel: no longer an orphan.
+	if code := activateOn(b, "", 9); code != ua.StatusOK {
+		t.Fatalf("orphan not resumable: %v", code)
+	}
+	if c := m.Counts(); c.Orphaned != 2 {
+		t.Fatalf("counts %+v", c)
+	}
+	// Full: the orphaned anonymous a goes first, then the unactivated
+	// pending; the user's orphan u and the resumed b stay.
+	if m.Create("x", time.Hour, now) == nil || !a.Closed() {
+		t.Fatal("the orphaned anonymous session did not make room")
+	}
+	if m.Create("y", time.Hour, now) == nil || !pending.Closed() {
+		t.Fatal("the oldest unactivated session did not make room")
+	}
+	if u.Closed() || b.Closed() {
+		t.Error("a user orphan or a resumed session was closed")
+	}
+	// x is now the oldest unactivated session.
+	if m.Create("z", time.Hour, now) == nil {
+		t.Fatal("x did not make room")
+	}
+	if code := activateOn(u, "user", 10); code != ua.StatusOK {
+		t.Errorf("the user's orphan is not resumable: %v", code)
+	}
+	if c := m.Counts(); c.OrphansEvicted != 1 || c.UnactivatedEvicted != 2 || c.Current != 4 {
+		t.Errorf("counts %+v", c)
+	}
+}
