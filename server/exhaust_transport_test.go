@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"testing"
@@ -95,7 +94,8 @@ func TestChunksChargedAcrossChannels(t *testing.T) {
 	if n := ts.budget.Refused(budget.Chunks); n < 1 {
 		t.Errorf("refused chunk charges = %d, want ≥ 1", n)
 	}
-	stillServes(t, ts.endpoint)
+	// A new client is served (its session closes with the subtest).
+	t.Run("new client", func(t *testing.T) { stillServes(t, ts.endpoint) })
 
 	// An abort chunk releases its request's chunks.
 	if err := conns[0].Chunk('A', 100, nil); err != nil {
@@ -146,22 +146,30 @@ func TestFaultChunksPerChannelOnly(t *testing.T) {
 func awaitClose(t *testing.T, c *uatest.Conn, within time.Duration) (ua.StatusCode, time.Duration) {
 	t.Helper()
 	start := time.Now()
-	_ = c.SetReadDeadline(start.Add(within))
+	code, err := closed(c, within)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code, time.Since(start)
+}
+
+// closed reads from c until the server closes it and returns the ERR
+// message's code (0 if closed without one), or an error if c is still
+// open after within.
+func closed(c *uatest.Conn, within time.Duration) (ua.StatusCode, error) {
+	_ = c.SetReadDeadline(time.Now().Add(within))
 	for {
 		_, _, _, err := c.ReadFrame()
-		if err == nil {
-			continue
-		}
 		var em *uatest.ErrorMessage
 		switch {
+		case err == nil:
+			continue // a late response
 		case errors.As(err, &em):
-			return em.Code, time.Since(start)
+			return em.Code, nil
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			t.Fatalf("still open after %v", within)
-		case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, io.ErrUnexpectedEOF):
-			return 0, time.Since(start)
+			return 0, fmt.Errorf("still open after %v", within)
 		default:
-			return 0, time.Since(start) // connection reset
+			return 0, nil // EOF or connection reset
 		}
 	}
 }
@@ -286,6 +294,19 @@ func TestTokenLifetimeEnforced(t *testing.T) {
 				return c, opened
 			}
 			stale, opened := dial()
+			// The stale channel's close is timed while the other one renews.
+			type closing struct {
+				code ua.StatusCode
+				at   time.Time
+				err  error
+			}
+			staleDone := make(chan closing, 1)
+			if !fault {
+				go func() {
+					code, err := closed(stale, 10*lifetime)
+					staleDone <- closing{code, time.Now(), err}
+				}()
+			}
 			renewed, _ := dial()
 			// renewed renews at 75 % and reads, for 4 lifetimes.
 			for i := range 5 {
@@ -302,10 +323,16 @@ func TestTokenLifetimeEnforced(t *testing.T) {
 				}
 				return
 			}
-			code, _ := awaitClose(t, stale, 10*lifetime)
-			took := time.Since(opened)
-			if code != ua.StatusBadSecureChannelTokenUnknown {
-				t.Errorf("unrenewed channel closed with %v, want ERR BadSecureChannelTokenUnknown", code)
+			cl := <-staleDone // within 10 lifetimes: the read deadline
+			if cl.err != nil {
+				t.Fatalf("unrenewed channel: %v", cl.err)
+			}
+			took := cl.at.Sub(opened)
+			if cl.code != ua.StatusBadSecureChannelTokenUnknown {
+				t.Errorf("unrenewed channel closed with %v, want ERR BadSecureChannelTokenUnknown", cl.code)
+			}
+			if took > 3*lifetime {
+				t.Errorf("unrenewed channel closed after %v, long after 125 %% of its lifetime", took)
 			}
 			if took < lifetime*5/4 {
 				t.Errorf("unrenewed channel closed after %v, before 125 %% of its lifetime", took)
@@ -406,5 +433,34 @@ func TestEvictSparesActivated(t *testing.T) {
 	}
 	if n := ts.stats.evictedConns.Load(); n != 1 {
 		t.Errorf("%s = %d, want 1", NodeEvicted, n)
+	}
+}
+
+// TestExpiredOldTokenRefused: after a renewal the previous token is
+// accepted until it expires (125 % of its lifetime after its issue); a
+// message carrying it later is refused with ERR
+// BadSecureChannelTokenUnknown although the channel's new token is valid.
+func TestExpiredOldTokenRefused(t *testing.T) {
+	const lifetime = 400 * time.Millisecond
+	ts := runServer(t, Config{MinChannelLifetime: lifetime})
+	c, err := uatest.Dial(ts.addr, uacp.Hello{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	openLifetime(t, c, ua.SecurityTokenRequestTypeIssue, lifetime, 1000)
+	issued, old := time.Now(), c.TokenID
+	time.Sleep(lifetime * 3 / 4)
+	openLifetime(t, c, ua.SecurityTokenRequestTypeRenew, lifetime, 1001)
+	c.TokenID = old // the client goes on with the previous token
+	if r, err := c.Call(statusRead()); err != nil {
+		t.Fatalf("previous token before its expiry: %v %v", r, err)
+	}
+	time.Sleep(time.Until(issued.Add(lifetime*5/4 + 50*time.Millisecond)))
+	_, err = c.Call(statusRead())
+	var em *uatest.ErrorMessage
+	if !errors.As(err, &em) || em.Code != ua.StatusBadSecureChannelTokenUnknown {
+		t.Fatalf("previous token after its expiry: %v, want ERR BadSecureChannelTokenUnknown", err)
 	}
 }
