@@ -28,11 +28,12 @@ const (
 )
 
 // newSubscriptions builds the server's counter nodes and subscription
-// manager from its config.
+// manager from its config. Monitored-item queues are charged to the
+// server's memory budget (s.budget, set before).
 func (s *Server) newSubscriptions() {
 	clock := subscription.NewRealClock()
 	s.counters = subscription.NewCounters(1, s.cfg.Counters, clock)
-	s.subs = subscription.New(context.Background(), subscription.Options{
+	opts := subscription.Options{
 		Clock:         clock,
 		Source:        subscription.Sources{s.counters, nodeSource{s}},
 		Logger:        s.log,
@@ -51,7 +52,16 @@ func (s *Server) newSubscriptions() {
 		MaxItemsPerCall:    s.cfg.MaxMonitoredItemsPerCall,
 		MaxItemsPerSession: s.cfg.MaxMonitoredItemsPerSession,
 		MaxItemsTotal:      s.cfg.MaxMonitoredItems,
-	})
+	}
+	opts.Budget = s.budget // nil under no-byte-budget: queues are bounded by count only
+	if s.cfg.Faults.Has(FaultItemQueuesUnbounded) {
+		// Fault item-queues-unbounded: queue sizes up to 10 000,
+		// allocated whole at creation, charged nowhere.
+		opts.MaxQueueSize = subscription.UnboundedQueueSize
+		opts.EagerQueues = true
+		opts.Budget = nil
+	}
+	s.subs = subscription.New(context.Background(), opts)
 }
 
 // minSamplingInterval is the fastest sampling interval granted: 0 (the

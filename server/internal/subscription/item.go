@@ -25,6 +25,7 @@ type MonitoredItem struct {
 	clientHandle uint32
 	interval     time.Duration // revised sampling interval; sampler group key
 	mode         ua.MonitoringMode
+	charged      int64 // bytes charged to the manager's budget for the queue
 
 	mu            sync.Mutex // guards the fields below (sampler vs publisher)
 	active        bool       // sampled: false while disabled and once deleted
@@ -32,7 +33,8 @@ type MonitoredItem struct {
 	ts            ua.TimestampsToReturn
 	trigger       ua.DataChangeTrigger
 	discardOldest bool
-	buf           []*ua.DataValue // ring of queued values
+	size          int             // queue size: the most values queued
+	buf           []*ua.DataValue // ring of queued values, grown up to size as values arrive
 	head, n       int
 	last          lastValue // last sampled value (for the trigger)
 	hasLast       bool
@@ -92,12 +94,16 @@ func (it *MonitoredItem) Sample(t SampleTime) {
 // push queues v, honouring the queue size and discardOldest. it.mu held.
 func (it *MonitoredItem) push(v *ua.DataValue) {
 	it.queued++
-	size := len(it.buf)
-	if it.n < size {
-		it.buf[(it.head+it.n)%size] = v
+	if it.n < it.size {
+		if it.n == len(it.buf) {
+			it.grow()
+		}
+		it.buf[(it.head+it.n)%len(it.buf)] = v
 		it.n++
 		return
 	}
+	// Full: the ring has grown to the queue size.
+	size := len(it.buf)
 	it.discarded++
 	if it.discardOldest {
 		it.buf[it.head] = v
@@ -115,6 +121,19 @@ func (it *MonitoredItem) push(v *ua.DataValue) {
 	}
 }
 
+// minQueueAlloc is the first allocation of a queue that grows.
+const minQueueAlloc = 4
+
+// grow doubles the ring (at least minQueueAlloc, at most the queue size),
+// keeping the queued values in order from index 0. it.mu held.
+func (it *MonitoredItem) grow() {
+	buf := make([]*ua.DataValue, min(it.size, max(minQueueAlloc, 2*len(it.buf))))
+	for i := range it.n {
+		buf[i] = it.buf[(it.head+i)%len(it.buf)]
+	}
+	it.buf, it.head = buf, 0
+}
+
 func (it *MonitoredItem) markOverflow(i int) {
 	v := *it.buf[i]
 	v.EncodingMask |= ua.DataValueStatusCode
@@ -122,16 +141,25 @@ func (it *MonitoredItem) markOverflow(i int) {
 	it.buf[i] = &v
 }
 
-// resize sets the queue size, keeping the newest values. it.mu held.
-func (it *MonitoredItem) resize(size int) {
-	if size == len(it.buf) {
+// resize sets the queue size, keeping the newest values. With eager (the
+// item-queues-unbounded fault) the ring is allocated at the full size,
+// else just big enough for the values kept. it.mu held.
+func (it *MonitoredItem) resize(size int, eager bool) {
+	if size == it.size && (!eager || len(it.buf) == size) {
 		return
 	}
 	vals := it.drainLocked(0)
 	if len(vals) > size {
 		vals = vals[len(vals)-size:]
 	}
-	it.buf = make([]*ua.DataValue, size)
+	it.size = size
+	it.buf = nil
+	if eager || len(vals) > 0 {
+		it.buf = make([]*ua.DataValue, max(len(vals), min(size, minQueueAlloc)))
+		if eager {
+			it.buf = make([]*ua.DataValue, size)
+		}
+	}
 	it.head = 0
 	it.n = copy(it.buf, vals)
 }

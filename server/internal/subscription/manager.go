@@ -30,6 +30,8 @@ import (
 	"time"
 
 	"github.com/gopcua/opcua/ua"
+
+	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 )
 
 // Defaults of Options.
@@ -40,19 +42,26 @@ const (
 	DefaultKeepAliveCount        = 10
 	DefaultMaxKeepAliveCount     = 100_000
 	DefaultMaxLifetime           = 2 * time.Hour
-	DefaultMaxQueueSize          = 10_000
-	DefaultMaxResponseBytes      = 0xffff // gopcua's receive buffer: one chunk
-	DefaultMaxPublishRequests    = 100
-	DefaultMaxRetransmit         = 256
-	DefaultMaxSubscriptions      = 1000
-	DefaultMaxItems              = 100_000
-	DefaultMaxItemsPerCall       = 10_000
-	DefaultMaxItemsPerSession    = 20_000
-	DefaultMaxItemsTotal         = 100_000
-	DefaultMaxOperations         = 100_000
-	DefaultPublishDropKeep       = 3
-	DefaultSkipSequenceEvery     = 50
-	DefaultDuplicateSampleEvery  = 200
+	DefaultMaxQueueSize          = 1000
+	// UnboundedQueueSize is the queue size the item-queues-unbounded
+	// fault grants at most (the limit before issue 32).
+	UnboundedQueueSize = 10_000
+	// DefaultValueSize estimates the bytes one queued value holds: a
+	// DataValue of a scalar Variant with both timestamps, its boxed value
+	// and its ring slot (176 bytes measured for an Int64), rounded up.
+	DefaultValueSize            = 192
+	DefaultMaxResponseBytes     = 0xffff // gopcua's receive buffer: one chunk
+	DefaultMaxPublishRequests   = 100
+	DefaultMaxRetransmit        = 256
+	DefaultMaxSubscriptions     = 1000
+	DefaultMaxItems             = 100_000
+	DefaultMaxItemsPerCall      = 10_000
+	DefaultMaxItemsPerSession   = 20_000
+	DefaultMaxItemsTotal        = 100_000
+	DefaultMaxOperations        = 100_000
+	DefaultPublishDropKeep      = 3
+	DefaultSkipSequenceEvery    = 50
+	DefaultDuplicateSampleEvery = 200
 )
 
 // Options configure a Manager. Zero values mean the defaults.
@@ -79,8 +88,23 @@ type Options struct {
 	MaxKeepAliveCount uint32
 	// MaxLifetime caps lifetime count × publishing interval (2 h).
 	MaxLifetime time.Duration
-	// MaxQueueSize caps a monitored item's queue size (10000).
+	// MaxQueueSize caps a monitored item's queue size
+	// (DefaultMaxQueueSize, 1000: the most the suites ask for, an outage
+	// of seconds at 20 ms sampling). A queue is allocated as values
+	// arrive, not at its full size.
 	MaxQueueSize uint32
+	// Budget, if not nil, is charged each monitored item's queue size ×
+	// ValueSize (budget.Items) while the item lives: an item that does not
+	// fit gets BadResourceUnavailable in CreateMonitoredItems (a queue
+	// that cannot grow in ModifyMonitoredItems keeps its size and gets
+	// the same). A transferred item keeps its charge.
+	Budget *budget.Budget
+	// ValueSize is the estimated size of one queued value in bytes
+	// (DefaultValueSize).
+	ValueSize int64
+	// EagerQueues is part of the item-queues-unbounded fault: a queue is
+	// allocated at its full size when the item is created or modified.
+	EagerQueues bool
 	// MaxNotificationsPerPublish caps notifications per message on top of
 	// the client's own limit (0: only the size budget limits).
 	MaxNotificationsPerPublish uint32
@@ -191,6 +215,9 @@ func (o *Options) fill() {
 	}
 	if o.MaxQueueSize == 0 {
 		o.MaxQueueSize = DefaultMaxQueueSize
+	}
+	if o.ValueSize <= 0 {
+		o.ValueSize = DefaultValueSize
 	}
 }
 
@@ -439,6 +466,16 @@ func (m *Manager) reserveItem() bool {
 			return true
 		}
 	}
+}
+
+// queueCost is the budget charge of a queue of size values.
+func (m *Manager) queueCost(size int) int64 { return int64(size) * m.opts.ValueSize }
+
+// releaseItem gives back the budget charge of an item being deleted. The
+// item's session's mutex held.
+func (m *Manager) releaseItem(it *MonitoredItem) {
+	m.opts.Budget.Release(budget.Items, it.charged)
+	it.charged = 0
 }
 
 // Fault returns a ServiceFault answering req with code.

@@ -503,7 +503,7 @@ func TestSubMillisecondIntervalsRun(t *testing.T) {
 // TestItemQueueDiscard: queue size and discardOldest, with the overflow bit.
 func TestItemQueueDiscard(t *testing.T) {
 	mk := func(discardOldest bool) *MonitoredItem {
-		return &MonitoredItem{discardOldest: discardOldest, buf: make([]*ua.DataValue, 3)}
+		return &MonitoredItem{discardOldest: discardOldest, size: 3}
 	}
 	val := func(v int64) *ua.DataValue { return int64Value(v, time.Time{}) }
 	for _, oldest := range []bool{true, false} {

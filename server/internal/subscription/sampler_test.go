@@ -274,7 +274,7 @@ func BenchmarkSampleCycle1024(b *testing.B) {
 	var items []*MonitoredItem
 	for i := range 1024 {
 		read, _ := ctrs.Resolve(ua.NewStringNodeID(1, SampledCounterPrefix+itoa(i)), ua.AttributeIDValue)
-		items = append(items, &MonitoredItem{read: read, mode: ua.MonitoringModeReporting, active: true, ts: ua.TimestampsToReturnBoth, discardOldest: true, buf: make([]*ua.DataValue, 10)})
+		items = append(items, &MonitoredItem{read: read, mode: ua.MonitoringModeReporting, active: true, ts: ua.TimestampsToReturnBoth, discardOldest: true, size: 10})
 	}
 	b.ResetTimer()
 	for range b.N {

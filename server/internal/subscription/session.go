@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/gopcua/opcua/ua"
+
+	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 )
 
 // PublishCall is one Publish request handed to Session.Publish.
@@ -250,6 +252,7 @@ func (s *Session) deleteLocked(sub *Subscription) {
 			s.m.sampler.Remove(it, it.interval)
 		}
 		it.setActive(false)
+		s.m.releaseItem(it)
 	}
 	s.m.items.Add(-int64(len(sub.list)))
 	s.m.itemsDeleted.Add(int64(len(sub.list)))
@@ -339,6 +342,13 @@ func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Res
 	now := s.now()
 	st := SampleTime{Mono: now, Wall: m.clock.Wall(now), Deadline: now}
 	results := make([]*ua.MonitoredItemCreateResult, len(r.ItemsToCreate))
+	refused := 0 // items over the memory budget
+	defer func() {
+		if refused > 0 {
+			m.log.Info("monitored items refused: item queue budget exhausted", "subscription", sub.id, "refused", refused,
+				"items_bytes", m.opts.Budget.UsedBy(budget.Items), "limit", m.opts.Budget.ClassLimit(budget.Items))
+		}
+	}()
 	for i, c := range r.ItemsToCreate {
 		res := &ua.MonitoredItemCreateResult{FilterResult: ua.NewExtensionObject(nil)}
 		results[i] = res
@@ -378,6 +388,16 @@ func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Res
 			res.StatusCode = ua.StatusBadTooManyMonitoredItems
 			continue
 		}
+		// The queue's memory at its full size, charged now so that the
+		// queues can never grow beyond the budget (none under the
+		// item-queues-unbounded fault: the manager has no budget).
+		cost := m.queueCost(int(size))
+		if !m.opts.Budget.Charge(budget.Items, cost) {
+			m.items.Add(-1)
+			refused++
+			res.StatusCode = ua.StatusBadResourceUnavailable
+			continue
+		}
 		it := &MonitoredItem{
 			id:            m.nextItemID.Add(1),
 			node:          rv.NodeID,
@@ -390,9 +410,14 @@ func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Res
 			ts:            r.TimestampsToReturn,
 			trigger:       trigger,
 			discardOldest: c.RequestedParameters.DiscardOldest,
-			buf:           make([]*ua.DataValue, size),
+			size:          int(size),
+			charged:       cost,
 			active:        c.MonitoringMode != ua.MonitoringModeDisabled,
 			dupEvery:      m.dupEvery(),
+		}
+		if m.opts.EagerQueues {
+			// Fault item-queues-unbounded: the whole queue now.
+			it.buf = make([]*ua.DataValue, size)
 		}
 		sub.items[it.id] = it
 		sub.list = append(sub.list, it)
@@ -440,6 +465,19 @@ func (s *Session) ModifyMonitoredItems(r *ua.ModifyMonitoredItemsRequest) ua.Res
 			res.StatusCode = code
 			continue
 		}
+		// A bigger queue is charged its growth first; a smaller one gives
+		// the difference back.
+		cost := m.queueCost(int(size))
+		if cost > it.charged && !m.opts.Budget.Charge(budget.Items, cost-it.charged) {
+			res.StatusCode = ua.StatusBadResourceUnavailable
+			continue
+		}
+		if cost < it.charged {
+			m.opts.Budget.Release(budget.Items, it.charged-cost)
+		}
+		if m.opts.Budget != nil {
+			it.charged = cost
+		}
 		if iv != it.interval && it.mode != ua.MonitoringModeDisabled {
 			m.sampler.Remove(it, it.interval)
 			m.sampler.Add(it, iv)
@@ -451,7 +489,7 @@ func (s *Session) ModifyMonitoredItems(r *ua.ModifyMonitoredItemsRequest) ua.Res
 		it.ts = r.TimestampsToReturn
 		it.trigger = trigger
 		it.discardOldest = c.RequestedParameters.DiscardOldest
-		it.resize(int(size))
+		it.resize(int(size), m.opts.EagerQueues)
 		it.mu.Unlock()
 		res.RevisedSamplingInterval = durMillis(iv)
 		res.RevisedQueueSize = size
@@ -485,6 +523,7 @@ func (s *Session) DeleteMonitoredItems(r *ua.DeleteMonitoredItemsRequest) ua.Res
 			m.sampler.Remove(it, it.interval)
 		}
 		it.setActive(false)
+		m.releaseItem(it)
 	}
 	if len(gone) > 0 {
 		sub.list = slices.DeleteFunc(sub.list, func(it *MonitoredItem) bool { return gone[it] })

@@ -146,6 +146,7 @@ func (s *Session) dropItemsLocked(sub *Subscription) {
 			s.m.sampler.Remove(it, it.interval)
 		}
 		it.setActive(false)
+		s.m.releaseItem(it)
 	}
 	n := len(sub.list)
 	s.m.items.Add(-int64(n))
