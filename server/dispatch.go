@@ -7,10 +7,12 @@ import (
 	"runtime"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gopcua/opcua/ua"
 
+	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/fairqueue"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/session"
@@ -33,6 +35,43 @@ type job struct {
 	received time.Time
 	entry    *fairqueue.Entry[*job]
 	slot     bool // holds one of s.slots (crypto-in-gate)
+	// size is the request's encoded size (channel.Message.Size, 0 if
+	// unknown); charge is what admit charged to budget.Queue for it,
+	// given back once by releaseCharge.
+	size     int
+	charge   int64
+	released atomic.Bool
+}
+
+// Costs of a queued request in memory, beyond its encoded bytes: the
+// decoded request is an order of magnitude larger than its encoding (a
+// 10 000-node Read of 210 kB decodes into 2.8 MB with gopcua), so a budget
+// of encoded bytes alone would let ten times the budget be queued.
+const (
+	// jobOverhead is a queued request's fixed cost: its job, queue entry,
+	// bookkeeping and decoded request header.
+	jobOverhead = 1024
+	// readValueCost is one decoded ReadValueID (its NodeId, QualifiedName
+	// and pointer; 280 bytes measured with gopcua v0.8.0).
+	readValueCost = 288
+)
+
+// queueCost is the bytes charged to budget.Queue while j is admitted and
+// not yet answered.
+func queueCost(j *job) int64 {
+	n := int64(j.size) + jobOverhead
+	if r, ok := j.req.(*ua.ReadRequest); ok {
+		n += int64(len(r.NodesToRead)) * readValueCost
+	}
+	return n
+}
+
+// releaseCharge gives back j's budget.Queue charge, once however many
+// paths complete it (a worker and Cancel both do under cancel-double).
+func (s *Server) releaseCharge(j *job) {
+	if j.charge > 0 && j.released.CompareAndSwap(false, true) {
+		s.budget.Release(budget.Queue, j.charge)
+	}
 }
 
 // takeSlot is the crypto-in-gate fault's worker admission on secured
@@ -98,8 +137,28 @@ func (s *Server) workers() int {
 }
 
 // admit puts a job into the fair queue; it answers it at once when the queue
-// refuses it.
+// refuses it. A Read of more than MaxNodesPerRead nodes is answered
+// BadTooManyOperations on arrival (the read-limit-late fault leaves that to
+// the worker), and a request whose cost (queueCost) does not fit in the
+// budget's Queue share is answered BadResourceUnavailable: neither is
+// queued. An admitted request holds its charge until it is answered,
+// cancelled, halted or its channel goes away.
 func (s *Server) admit(j *job) {
+	if r, ok := j.req.(*ua.ReadRequest); ok && len(r.NodesToRead) > MaxNodesPerRead && !s.cfg.Faults.Has(FaultReadLimitLate) {
+		s.releaseSlot(j)
+		j.ch.Respond(j.reqID, s.fault(j.req, ua.StatusBadTooManyOperations))
+		return
+	}
+	// s.budget is nil under the no-byte-budget fault: every charge fits.
+	cost := queueCost(j)
+	if !s.budget.Charge(budget.Queue, cost) {
+		s.releaseSlot(j)
+		s.log.Debug("request refused: queue budget exhausted", "channel", j.conn.id, "bytes", cost,
+			"queued_bytes", s.budget.UsedBy(budget.Queue), "limit", s.budget.ClassLimit(budget.Queue))
+		j.ch.Respond(j.reqID, s.fault(j.req, ua.StatusBadResourceUnavailable))
+		return
+	}
+	j.charge = cost
 	q := &j.conn.queued
 	q.mu.Lock()
 	e, err := s.queue.Enqueue(j.owner, j)
@@ -112,9 +171,11 @@ func (s *Server) admit(j *job) {
 	case err == nil:
 	case errors.Is(err, fairqueue.ErrStopped):
 		s.releaseSlot(j)
+		s.releaseCharge(j)
 		j.ch.Respond(j.reqID, s.fault(j.req, ua.StatusBadServerHalted))
 	default: // ErrFull, ErrOwnerFull
 		s.releaseSlot(j)
+		s.releaseCharge(j)
 		s.stats.tooBusy.Add(1)
 		j.ch.Respond(j.reqID, s.fault(j.req, StatusBadServerTooBusy))
 	}
@@ -158,6 +219,7 @@ func (s *Server) work() {
 // runJob executes j. A panic answers the request with a ServiceFault
 // BadInternalError and closes its channel; the worker lives on.
 func (s *Server) runJob(j *job) {
+	defer s.releaseCharge(j) // answered (or forgotten, or failed) by now
 	defer s.releaseSlot(j)
 	defer func() {
 		if p := recover(); p != nil {
@@ -269,6 +331,7 @@ func (s *Server) cancelQueued(cn *conn, match func(*job) bool, code ua.StatusCod
 	cn.queued.mu.Unlock()
 	for _, j := range hits {
 		s.releaseSlot(j)
+		s.releaseCharge(j)
 		j.ch.Respond(j.reqID, s.fault(j.req, code))
 	}
 	return len(hits)
@@ -282,6 +345,7 @@ func (s *Server) haltQueued() {
 		delete(j.conn.queued.jobs, j)
 		j.conn.queued.mu.Unlock()
 		s.releaseSlot(j)
+		s.releaseCharge(j)
 		j.ch.Respond(j.reqID, s.fault(j.req, ua.StatusBadServerHalted))
 	}
 }

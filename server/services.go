@@ -5,11 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uapolicy"
 
+	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/session"
 )
@@ -108,6 +111,7 @@ func (s *Server) handle(cn *conn, ch *channel.Channel, msg channel.Message) {
 			handle:   hdr.RequestHandle,
 			owner:    s.owner(cn, sess),
 			received: now,
+			size:     msg.Size,
 		}
 		if s.slots != nil && cn.security().Secured() {
 			// Fault crypto-in-gate: on a secured channel, wait for a free
@@ -172,10 +176,13 @@ func ctxStatus(err error) ua.StatusCode {
 	return ua.StatusBadShutdown
 }
 
+// endpointURL is the URL echoed in GetEndpoints, FindServers and
+// CreateSession: the one requested (capped like the strings a session
+// keeps: it is echoed once per endpoint), else the Hello's, else ours.
 func (s *Server) endpointURL(cn *conn, requested string) string {
 	switch {
 	case requested != "":
-		return requested
+		return s.keepString(requested)
 	case cn.endpointURL != "":
 		return cn.endpointURL
 	default:
@@ -251,15 +258,32 @@ func (s *Server) createSession(cn *conn, r *ua.CreateSessionRequest, now time.Ti
 			return s.fault(r, ua.StatusBadInternalError)
 		}
 	}
-	timeout := time.Duration(r.RequestedSessionTimeout * float64(time.Millisecond))
-	sess := s.sessions.Create(r.SessionName, timeout, now)
-	if sess == nil {
-		return s.fault(r, ua.StatusBadTooManySessions)
-	}
+	// The client strings the session keeps, capped, and their charge.
+	name := s.keepString(r.SessionName)
 	var appURI string
 	if r.ClientDescription != nil {
-		appURI = r.ClientDescription.ApplicationURI
+		appURI = s.keepString(r.ClientDescription.ApplicationURI)
 	}
+	var cost int64
+	if !s.cfg.Faults.Has(FaultLongSessionStrings) {
+		// (Fault long-session-strings: kept whole, and not charged.)
+		cost = sessionCost(name, appURI)
+	}
+	// s.budget is nil under the no-byte-budget fault: every charge fits.
+	if !s.budget.Charge(budget.Sessions, cost) {
+		s.log.Info("session refused: session budget exhausted", "channel", cn.id, "bytes", cost,
+			"sessions_bytes", s.budget.UsedBy(budget.Sessions), "limit", s.budget.ClassLimit(budget.Sessions))
+		return s.fault(r, ua.StatusBadResourceUnavailable)
+	}
+	timeout := time.Duration(r.RequestedSessionTimeout * float64(time.Millisecond))
+	sess := s.sessions.Create(name, timeout, now)
+	if sess == nil {
+		s.budget.Release(budget.Sessions, cost)
+		return s.fault(r, ua.StatusBadTooManySessions)
+	}
+	// Given back when the session is closed, expires or the server stops
+	// (at once if it is already gone).
+	sess.OnClose(func() { s.budget.Release(budget.Sessions, cost) })
 	sess.SetClient(appURI)
 	s.log.Debug("session created", "session", sess.ID.String(), "name", sess.Name, "timeout", sess.Timeout, "channel", cn.id)
 	cert := s.creds.cert
@@ -278,6 +302,41 @@ func (s *Server) createSession(cn *conn, r *ua.CreateSessionRequest, now time.Ti
 		ServerEndpoints:       s.endpoints(s.endpointURL(cn, r.EndpointURL)),
 		ServerSignature:       sig,
 	}
+}
+
+// sessionOverhead is a session's fixed cost beyond its client strings: its
+// Session, ids, authentication token, server nonce and table entries.
+const sessionOverhead = 1024
+
+// sessionCost is what a session keeping the client strings name and appURI
+// is charged to budget.Sessions. The client certificate is not kept (it is
+// compared with the channel's and dropped), so it is not charged.
+func sessionCost(name, appURI string) int64 {
+	return sessionOverhead + session.NonceSize + int64(len(name)+len(appURI))
+}
+
+// keepString is a client string the server keeps (session name,
+// ApplicationUri) or echoes (EndpointUrl): at most cfg.MaxStringLength
+// bytes, cut on a rune boundary, and copied so it does not pin the request
+// it came from. Under the long-session-strings fault it is kept whole.
+func (s *Server) keepString(v string) string {
+	if s.cfg.Faults.Has(FaultLongSessionStrings) {
+		return v
+	}
+	return truncate(v, s.cfg.MaxStringLength)
+}
+
+// truncate returns a copy of v's first limit bytes or fewer, ending on a
+// rune boundary; v itself when it fits (or limit ≤ 0).
+func truncate(v string, limit int) string {
+	if limit <= 0 || len(v) <= limit {
+		return v
+	}
+	n := limit
+	for n > 0 && !utf8.RuneStart(v[n]) {
+		n-- // v[n] continues the rune that starts before it
+	}
+	return strings.Clone(v[:n])
 }
 
 // clientSignature checks ActivateSession's ClientSignature on a secured
