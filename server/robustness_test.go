@@ -470,7 +470,9 @@ func TestIssue14SessionTakeover(t *testing.T) {
 
 // TestIssue14FailedLoginsDelayed (defect 4): after LoginFreeFailures
 // failed logins from one peer, each further attempt waits (doubling up to
-// the cap); pipelined guesses are spaced too; other requests, of this
+// the cap); pipelined guesses wait too, each at most the cap from its
+// arrival (issue 32: no queue of timers), and beyond MaxHeldLoginsPerPeer
+// they are refused BadTooManyOperations at once; other requests, of this
 // client and others, are not held up; a success resets.
 func TestIssue14FailedLoginsDelayed(t *testing.T) {
 	const base, maxDelay = 40 * time.Millisecond, 160 * time.Millisecond
@@ -498,13 +500,21 @@ func TestIssue14FailedLoginsDelayed(t *testing.T) {
 	var wg sync.WaitGroup
 	start := time.Now()
 	var last time.Duration
+	var refused, early int
 	var mu sync.Mutex
 	for range 20 {
 		wg.Go(func() {
-			_ = activate(t, c, token, userToken("user1", "guess"))
+			err := activate(t, c, token, userToken("user1", "guess"))
 			mu.Lock()
-			last = max(last, time.Since(start))
-			mu.Unlock()
+			defer mu.Unlock()
+			took := time.Since(start)
+			last = max(last, took)
+			switch {
+			case errors.Is(err, ua.StatusBadTooManyOperations):
+				refused++
+			case took < maxDelay*8/10:
+				early++
+			}
 		})
 	}
 	time.Sleep(20 * time.Millisecond)
@@ -518,9 +528,15 @@ func TestIssue14FailedLoginsDelayed(t *testing.T) {
 		t.Errorf("other requests took %v while guesses were held back", d)
 	}
 	wg.Wait()
-	t.Logf("20 pipelined guesses: the last answered after %v", last)
-	if last < 15*maxDelay {
-		t.Errorf("20 pipelined guesses answered within %v, want them spaced (≥ %v)", last, 15*maxDelay)
+	t.Logf("20 pipelined guesses: %d refused, the last answered after %v", refused, last)
+	if want := 20 - DefaultMaxHeldLogins; refused != want {
+		t.Errorf("%d of 20 pipelined guesses refused, want %d (beyond MaxHeldLoginsPerPeer)", refused, want)
+	}
+	if early > 0 {
+		t.Errorf("%d pipelined guesses answered before the delay %v", early, maxDelay)
+	}
+	if last > 4*maxDelay {
+		t.Errorf("20 pipelined guesses: the last answered after %v, want each delay at most %v from its arrival", last, maxDelay)
 	}
 	// The right password still works, and resets the peer.
 	if err := activate(t, c, token, userToken("user1", "password")); err != nil {
@@ -530,8 +546,8 @@ func TestIssue14FailedLoginsDelayed(t *testing.T) {
 	if err := activate(t, c, rawCreateSession(t, c), userToken("user1", "guess")); !errors.Is(err, ua.StatusBadUserAccessDenied) || time.Since(start) > base {
 		t.Errorf("after a success a failure is free again: %v after %v", err, time.Since(start))
 	}
-	if n := ts.stats.loginsDelayed.Load(); n < 24 {
-		t.Errorf("%s = %d, want ≥ 24", NodeLoginsDelayed, n)
+	if n := ts.stats.loginsDelayed.Load(); n < 4+DefaultMaxHeldLogins {
+		t.Errorf("%s = %d, want ≥ %d", NodeLoginsDelayed, n, 4+DefaultMaxHeldLogins)
 	}
 }
 

@@ -297,8 +297,13 @@ func userName(eo *ua.ExtensionObject) string {
 //     shared keys' short delays;
 //   - the user name alone (user-name tokens only), from any address: many
 //     addresses guessing one user's password;
-//   - the peer IP alone, for any user: one address guessing with a fresh
-//     user name every few tries, or guessing authentication tokens.
+//   - the peer IP alone, for any user (user-name tokens only): one
+//     address guessing with a fresh user name every few tries.
+//
+// Anonymous and other tokens have only the pair key (peer IP and ""):
+// they guess no secret, and the other clients behind an address, which
+// mostly log in anonymously, are not held back (nor refused at
+// MaxHeldLoginsPerPeer) by a user-name guesser among them.
 //
 // The shared keys' delays are capped at sharedDelayMax, so an attacker
 // cannot lock a real user, or the other clients behind an address, out
@@ -439,8 +444,8 @@ func (l *loginThrottle) each(k loginKeys, f func(t *loginTable, key string)) {
 	}
 	if k.user != "" {
 		f(&l.users, k.user)
+		f(&l.ips, k.ip)
 	}
-	f(&l.ips, k.ip)
 }
 
 // reserve returns how long an attempt with keys k arriving at now must

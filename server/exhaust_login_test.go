@@ -1,0 +1,383 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gopcua/opcua"
+	"github.com/gopcua/opcua/ua"
+	"github.com/gopcua/opcua/uacp"
+
+	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
+)
+
+// Tests of issue 32's login protections (held logins, RSA blocks, the
+// throttle's user and peer-IP keys), each beside the fault that undoes it.
+
+// newRawChannelFrom is newRawChannel from the local address ip (any
+// 127.0.0.0/8 address reaches the loopback listener), so one test can
+// play many peers.
+func newRawChannelFrom(t testing.TB, endpoint, ip string) *opcua.Client {
+	t.Helper()
+	d := &uacp.Dialer{Dialer: &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}}
+	c, err := opcua.NewClient(endpoint, opcua.SecurityMode(ua.MessageSecurityModeNone),
+		opcua.SecurityPolicy(ua.SecurityPolicyURINone), opcua.AutoReconnect(false), opcua.Dialer(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Dial(ctx); err != nil {
+		t.Fatalf("dial from %s: %v", ip, err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+// timedActivate activates r with tok and returns the outcome and how long
+// the answer took.
+func timedActivate(r *rawSession, tok any) (time.Duration, error) {
+	start := time.Now()
+	err := r.activate(tok)
+	return time.Since(start), err
+}
+
+// junkSecret is a user-name token with a secret of n random bytes: never
+// a valid password, so the only question is when and how it is refused.
+func junkSecret(name string, n int) *ua.UserNameIdentityToken {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return &ua.UserNameIdentityToken{PolicyID: PolicyUserName, UserName: name, Password: b, EncryptionAlgorithm: rsaOAEP}
+}
+
+// waiting returns how many attempts with k's pair key the throttle holds.
+func (l *loginThrottle) waiting(k loginKeys) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p := l.pairs.peers[k.pair()]; p != nil {
+		return p.waiting
+	}
+	return 0
+}
+
+// heldBy returns the held logins the throttle counts for ip.
+func (l *loginThrottle) heldBy(ip string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.held[ip]
+}
+
+// TestHeldLoginsCappedPerPeer: once a peer is throttled, at most
+// MaxHeldLoginsPerPeer of its logins are held; the others are answered
+// BadTooManyOperations at once, and the held ones keep a few KiB each of
+// their 256 KiB requests. Under login-holds-requests every one is held,
+// nothing is charged, and the delays queue up.
+func TestHeldLoginsCappedPerPeer(t *testing.T) {
+	const delay, held, sent = 300 * time.Millisecond, 4, 10
+	for _, fault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
+			cfg := Config{
+				Users:      map[string]string{"alice": "secret"},
+				LoginDelay: delay, LoginDelayMax: delay, LoginFreeFailures: 1,
+				MaxHeldLoginsPerPeer: held, MemoryBudget: 16 << 20,
+			}
+			if fault {
+				cfg.Faults = Faults{FaultLoginHoldsRequests: true}
+			}
+			ts := runServer(t, cfg)
+			c := newRawChannel(t, ts.endpoint)
+			r := createRaw(t, c)
+			if err := r.activate(r.user("alice", "guess", r.nonce)); !errors.Is(err, ua.StatusBadUserAccessDenied) {
+				t.Fatalf("first guess: %v", err) // free; from now on the peer is throttled
+			}
+			type answer struct {
+				err  error
+				took time.Duration
+			}
+			answers := make(chan answer, sent)
+			var wg sync.WaitGroup
+			for range sent {
+				wg.Go(func() {
+					took, err := timedActivate(r, junkSecret("alice", 256<<10))
+					answers <- answer{err, took}
+				})
+			}
+			time.Sleep(delay / 2)
+			charged := ts.budget.UsedBy(budget.Logins)
+			wg.Wait()
+			close(answers)
+			var refused, checked int
+			var slowestRefusal, lastChecked time.Duration
+			for a := range answers {
+				switch {
+				case errors.Is(a.err, ua.StatusBadTooManyOperations):
+					refused++
+					slowestRefusal = max(slowestRefusal, a.took)
+				case errors.Is(a.err, ua.StatusBadIdentityTokenInvalid):
+					checked++
+					lastChecked = max(lastChecked, a.took)
+					if a.took < delay*8/10 {
+						t.Errorf("a held login answered after %v, before its delay %v", a.took, delay)
+					}
+				default:
+					t.Errorf("pipelined login: %v", a.err)
+				}
+			}
+			t.Logf("%d pipelined logins: %d refused (slowest after %v), %d checked (last after %v); Logins charged while held: %d bytes",
+				sent, refused, slowestRefusal, checked, lastChecked, charged)
+			if fault {
+				if refused != 0 || checked != sent {
+					t.Errorf("under %s: %d refused, %d checked, want all %d held and checked", FaultLoginHoldsRequests, refused, checked, sent)
+				}
+				if lastChecked < time.Duration(sent-1)*delay {
+					t.Errorf("under %s the last held login was answered after %v, want the delays queued (≥ %v)", FaultLoginHoldsRequests, lastChecked, time.Duration(sent-1)*delay)
+				}
+				return
+			}
+			if refused != sent-held || checked != held {
+				t.Errorf("%d refused, %d checked, want %d refused (beyond MaxHeldLoginsPerPeer %d) and %d checked", refused, checked, sent-held, held, held)
+			}
+			if slowestRefusal > delay/3 {
+				t.Errorf("a refusal took %v, want it at once (≪ the delay %v)", slowestRefusal, delay)
+			}
+			if lastChecked > 2*delay {
+				t.Errorf("the last held login was answered after %v, want each delay from its arrival, at most %v", lastChecked, delay)
+			}
+			if charged <= 0 || charged > held*4<<10 {
+				t.Errorf("Logins charged %d bytes for %d held 256 KiB requests, want > 0 and ≤ %d (the secrets dropped)", charged, held, held*4<<10)
+			}
+			if n := ts.budget.UsedBy(budget.Logins); n != 0 {
+				t.Errorf("Logins still charged %d bytes after every held login was answered", n)
+			}
+		})
+	}
+}
+
+// TestHeldLoginsReleasedWithChannel: logins held when their channel closes
+// are dropped at once: their charge and their places among the peer's held
+// logins are returned and the throttle stops waiting for them. Under
+// login-holds-requests their timers outlive the channel.
+func TestHeldLoginsReleasedWithChannel(t *testing.T) {
+	const delay, held = 2 * time.Second, 4
+	for _, fault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
+			cfg := Config{
+				Users:      map[string]string{"alice": "secret"},
+				LoginDelay: delay, LoginDelayMax: delay, LoginFreeFailures: 1,
+				MaxHeldLoginsPerPeer: held, MemoryBudget: 16 << 20,
+			}
+			if fault {
+				cfg.Faults = Faults{FaultLoginHoldsRequests: true}
+			}
+			ts := runServer(t, cfg)
+			c := newRawChannel(t, ts.endpoint)
+			r := createRaw(t, c)
+			if err := r.activate(r.user("alice", "guess", r.nonce)); !errors.Is(err, ua.StatusBadUserAccessDenied) {
+				t.Fatalf("first guess: %v", err)
+			}
+			keys := loginKeys{ip: "127.0.0.1", user: "alice"}
+			var wg sync.WaitGroup
+			for range held {
+				wg.Go(func() { _ = r.activate(r.user("alice", "guess", r.nonce)) })
+			}
+			deadline := time.Now().Add(time.Second)
+			for ts.logins.waiting(keys) < held && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			if n := ts.logins.waiting(keys); n != held {
+				t.Fatalf("%d logins held, want %d", n, held)
+			}
+			charged := ts.budget.UsedBy(budget.Logins)
+			closed := time.Now()
+			_ = c.Close(context.Background())
+			wg.Wait()
+			// Give the server's reader time to see the close.
+			deadline = time.Now().Add(time.Second)
+			for ts.logins.waiting(keys) > 0 && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			waiting, left, heldBy := ts.logins.waiting(keys), ts.budget.UsedBy(budget.Logins), ts.logins.heldBy(keys.ip)
+			t.Logf("%d held logins charged %d bytes; %v after the channel closed: %d waiting, %d bytes charged, %d held for the peer",
+				held, charged, time.Since(closed).Round(time.Millisecond), waiting, left, heldBy)
+			if fault {
+				if waiting != held {
+					t.Errorf("under %s %d held logins still wait after the channel closed, want all %d (timers outlive the channel)", FaultLoginHoldsRequests, waiting, held)
+				}
+				return
+			}
+			if charged <= 0 {
+				t.Errorf("held logins charged %d bytes to the budget, want > 0", charged)
+			}
+			if waiting != 0 || left != 0 || heldBy != 0 {
+				t.Errorf("after the channel closed: %d waiting, %d bytes charged, %d held, want all 0", waiting, left, heldBy)
+			}
+			if d := time.Since(closed); d > delay/2 {
+				t.Errorf("held logins released %v after the channel closed, want at once (their delay is %v)", d, delay)
+			}
+		})
+	}
+}
+
+// TestSecretBlocksCapped: an encrypted secret of 2 000 valid RSA blocks is
+// refused BadIdentityTokenInvalid without decrypting any (at once); under
+// rsa-blocks-unbounded every block is decrypted first.
+func TestSecretBlocksCapped(t *testing.T) {
+	const blocks = 2000
+	took := map[bool]time.Duration{}
+	for _, fault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
+			cfg := Config{Users: map[string]string{"alice": "secret"}, MaxSecretBlocks: 16}
+			if fault {
+				cfg.Faults = Faults{FaultRSABlocksUnbounded: true}
+			}
+			ts := runServer(t, cfg)
+			r := createRaw(t, newRawChannel(t, ts.endpoint))
+			// RSA-OAEP with SHA-1 carries key size - 42 bytes a block.
+			k := r.serverKey().Size()
+			plain := make([]byte, blocks*(k-42))
+			tok := &ua.UserNameIdentityToken{PolicyID: PolicyUserName, UserName: "alice", EncryptionAlgorithm: rsaOAEP,
+				Password: r.encrypt(UserNameSecurityPolicy, plain)}
+			if n := len(tok.Password) / k; n != blocks {
+				t.Fatalf("secret of %d blocks, want %d", n, blocks)
+			}
+			d, err := timedActivate(r, tok)
+			took[fault] = d
+			t.Logf("secret of %d RSA blocks (%d bytes): %v after %v", blocks, len(tok.Password), err, d)
+			if !errors.Is(err, ua.StatusBadIdentityTokenInvalid) {
+				t.Errorf("secret of %d blocks: %v, want BadIdentityTokenInvalid", blocks, err)
+			}
+			if !fault && d > 150*time.Millisecond {
+				t.Errorf("secret of %d blocks refused after %v, want at once (nothing decrypted)", blocks, d)
+			}
+		})
+	}
+	if took[true] < 5*took[false] || took[true] < 200*time.Millisecond {
+		t.Errorf("under %s the %d-block secret was answered after %v (%v without the fault), want it decrypted (far slower)",
+			FaultRSABlocksUnbounded, blocks, took[true], took[false])
+	}
+}
+
+// TestFreshUserNamesDelayed: one address guessing with a fresh user name
+// every try is delayed by its peer-IP key after LoginFreeFailures; under
+// throttle-pair-only it guesses at full speed.
+func TestFreshUserNamesDelayed(t *testing.T) {
+	const delay, tries = 100 * time.Millisecond, 8
+	for _, fault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
+			cfg := Config{Users: map[string]string{"alice": "secret"}, LoginDelay: delay, LoginDelayMax: time.Second, LoginFreeFailures: 3}
+			if fault {
+				cfg.Faults = Faults{FaultThrottlePairOnly: true}
+			}
+			ts := runServer(t, cfg)
+			r := createRaw(t, newRawChannel(t, ts.endpoint))
+			var took []time.Duration
+			for i := range tries {
+				d, err := timedActivate(r, r.user(fmt.Sprintf("user%d", i), "guess", r.nonce))
+				if !errors.Is(err, ua.StatusBadUserAccessDenied) {
+					t.Fatalf("guess %d: %v", i, err)
+				}
+				took = append(took, d)
+			}
+			t.Logf("%d guesses with fresh user names answered after %v", tries, took)
+			for i, d := range took[cfg.LoginFreeFailures:] {
+				if !fault && d < delay*8/10 {
+					t.Errorf("guess %d answered after %v, want delayed (≥ %v)", i+cfg.LoginFreeFailures+1, d, delay)
+				}
+				if fault && d >= delay*8/10 {
+					t.Errorf("under %s guess %d answered after %v, want no delay", FaultThrottlePairOnly, i+cfg.LoginFreeFailures+1, d)
+				}
+			}
+		})
+	}
+}
+
+// TestOneUserFromManyAddresses: guesses for one user from many addresses,
+// each address below LoginFreeFailures, are delayed by the user's key
+// (at most 1 s); under throttle-pair-only they go at full speed.
+func TestOneUserFromManyAddresses(t *testing.T) {
+	const delay, addrs = 100 * time.Millisecond, 4
+	for _, fault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
+			cfg := Config{Users: map[string]string{"alice": "secret"}, LoginDelay: delay, LoginDelayMax: 5 * time.Second, LoginFreeFailures: 3}
+			if fault {
+				cfg.Faults = Faults{FaultThrottlePairOnly: true}
+			}
+			ts := runServer(t, cfg)
+			var took []time.Duration
+			for i := range addrs {
+				r := createRaw(t, newRawChannelFrom(t, ts.endpoint, fmt.Sprintf("127.0.0.%d", 10+i)))
+				for range 2 {
+					d, err := timedActivate(r, r.user("alice", "guess", r.nonce))
+					if !errors.Is(err, ua.StatusBadUserAccessDenied) {
+						t.Fatalf("guess from 127.0.0.%d: %v", 10+i, err)
+					}
+					took = append(took, d)
+				}
+			}
+			t.Logf("%d guesses for one user from %d addresses answered after %v", len(took), addrs, took)
+			for i, d := range took[cfg.LoginFreeFailures:] {
+				if !fault && (d < delay*8/10 || d > sharedDelayMax+300*time.Millisecond) {
+					t.Errorf("guess %d answered after %v, want delayed by the user's key (%v to %v)", i+cfg.LoginFreeFailures+1, d, delay, sharedDelayMax)
+				}
+				if fault && d >= delay*8/10 {
+					t.Errorf("under %s guess %d answered after %v, want no delay", FaultThrottlePairOnly, i+cfg.LoginFreeFailures+1, d)
+				}
+			}
+		})
+	}
+}
+
+// TestGuessingDoesNotLockOutOthers: while one address guesses alice's
+// password (its own attempts delayed up to LoginDelayMax), bob logs in
+// from the same address, and alice herself from another one, each within
+// about a second: the shared keys' delays are capped at sharedDelayMax.
+func TestGuessingDoesNotLockOutOthers(t *testing.T) {
+	const delay = 100 * time.Millisecond
+	ts := runServer(t, Config{
+		Users:      map[string]string{"alice": "secret", "bob": "builder"},
+		LoginDelay: delay, LoginDelayMax: 5 * time.Second, LoginFreeFailures: 3,
+	})
+	attacker := createRaw(t, newRawChannel(t, ts.endpoint))
+	for range 7 { // free, free, free, then 100, 200, 400, 800 ms
+		if err := attacker.activate(attacker.user("alice", "guess", attacker.nonce)); !errors.Is(err, ua.StatusBadUserAccessDenied) {
+			t.Fatalf("guess: %v", err)
+		}
+	}
+	// The attacker's next guess is held meanwhile (about 1.6 s).
+	var wg sync.WaitGroup
+	var guessTook time.Duration
+	wg.Go(func() {
+		guessTook, _ = timedActivate(attacker, attacker.user("alice", "guess", attacker.nonce))
+	})
+	time.Sleep(20 * time.Millisecond)
+
+	bob := createRaw(t, newRawChannel(t, ts.endpoint))
+	bobTook, err := timedActivate(bob, bob.user("bob", "builder", bob.nonce))
+	if err != nil {
+		t.Fatalf("bob's login from the attacker's address: %v", err)
+	}
+	alice := createRaw(t, newRawChannelFrom(t, ts.endpoint, "127.0.0.2"))
+	aliceTook, err := timedActivate(alice, alice.user("alice", "secret", alice.nonce))
+	if err != nil {
+		t.Fatalf("alice's login from another address: %v", err)
+	}
+	wg.Wait()
+	t.Logf("bob (same address) logged in after %v, alice (other address) after %v; the attacker's next guess waited %v",
+		bobTook, aliceTook, guessTook)
+	limit := sharedDelayMax + 300*time.Millisecond
+	if bobTook > limit {
+		t.Errorf("bob's login took %v while another user was guessed, want ≤ %v", bobTook, limit)
+	}
+	if aliceTook > limit {
+		t.Errorf("alice's own login from another address took %v, want ≤ %v", aliceTook, limit)
+	}
+	if guessTook < limit {
+		t.Errorf("the attacker's next guess waited %v, want its pair's delay (> %v)", guessTook, limit)
+	}
+}
