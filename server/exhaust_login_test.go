@@ -381,3 +381,37 @@ func TestGuessingDoesNotLockOutOthers(t *testing.T) {
 		t.Errorf("the attacker's next guess waited %v, want its pair's delay (> %v)", guessTook, limit)
 	}
 }
+
+// TestLoginThrottleBounded: fresh user names cannot grow the throttle's
+// tables beyond maxLoginPeers keys each, and a full table evicts keys
+// with few failures before a key that throttles a guesser.
+func TestLoginThrottleBounded(t *testing.T) {
+	l := newLoginThrottle(3, 10*time.Millisecond, time.Second)
+	now := time.Now()
+	guesser := loginKeys{ip: "192.0.2.1", user: "alice"}
+	for range 10 {
+		l.done(guesser, loginFailure, now)
+	}
+	for i := range 3 * maxLoginPeers {
+		l.done(loginKeys{ip: "192.0.2.2", user: fmt.Sprintf("fresh%d", i)}, loginFailure, now)
+	}
+	l.mu.Lock()
+	pairs, users, ips := len(l.pairs.peers), len(l.users.peers), len(l.ips.peers)
+	_, kept := l.pairs.peers[guesser.pair()]
+	l.mu.Unlock()
+	t.Logf("after %d fresh user names: %d pair keys, %d user keys, %d peer-IP keys", 3*maxLoginPeers, pairs, users, ips)
+	if pairs > maxLoginPeers || users > maxLoginPeers || ips > maxLoginPeers {
+		t.Errorf("tables of %d, %d and %d keys, want at most %d each", pairs, users, ips, maxLoginPeers)
+	}
+	if !kept {
+		t.Error("the guesser's pair key (10 failures) was evicted for keys of one failure")
+	}
+	if d := l.reserve(guesser, now, false); d <= 0 {
+		t.Errorf("the guesser's next attempt waits %v, want a delay", d)
+	}
+	// Quiet keys are forgotten.
+	later := now.Add(forgetAfter + time.Second)
+	if d := l.reserve(guesser, later, false); d != 0 {
+		t.Errorf("after %v quiet the guesser still waits %v", forgetAfter, d)
+	}
+}

@@ -438,3 +438,50 @@ func BenchmarkActivateSession(b *testing.B) {
 		})
 	}
 }
+
+// TestSecretBlockLimit: a secret of MaxSecretBlocks RSA blocks is
+// decrypted (and checked), one of a block more is refused without
+// decrypting, unless the fault rsa-blocks-unbounded is on.
+func TestSecretBlockLimit(t *testing.T) {
+	for _, fault := range []bool{false, true} {
+		cfg := Config{Users: map[string]string{"alice": "secret"}, MaxSecretBlocks: 2}
+		if fault {
+			cfg.Faults = Faults{FaultRSABlocksUnbounded: true}
+		}
+		srv, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nonce := make([]byte, 32)
+		_, _ = rand.Read(nonce)
+		enc, err := uapolicy.Asymmetric(UserNameSecurityPolicy, nil, &srv.creds.key.PublicKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := srv.creds.key.Size()
+		for _, blocks := range []int{2, 3} {
+			// The right password, padded to fill the blocks.
+			password := "secret"
+			plain := plainSecret(password, nonce)
+			pad := blocks*(k-42) - len(plain)
+			plain = plainSecret(password+strings.Repeat("x", pad), nonce)
+			secret, err := enc.Encrypt(plain)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := srv.secretBlocks(secret); n != blocks {
+				t.Fatalf("secret of %d blocks, want %d", n, blocks)
+			}
+			tok := ua.NewExtensionObject(&ua.UserNameIdentityToken{PolicyID: PolicyUserName, UserName: "alice", Password: secret, EncryptionAlgorithm: rsaOAEP})
+			_, code, why := srv.authenticate(tok, nonce, ua.SecurityPolicyURINone)
+			// Decrypted, the padded password is wrong: BadUserAccessDenied.
+			want := ua.StatusBadUserAccessDenied
+			if blocks > cfg.MaxSecretBlocks && !fault {
+				want = ua.StatusBadIdentityTokenInvalid
+			}
+			if code != want {
+				t.Errorf("fault=%v, secret of %d blocks (MaxSecretBlocks %d): %v (%s), want %v", fault, blocks, cfg.MaxSecretBlocks, code, why, want)
+			}
+		}
+	}
+}
