@@ -138,7 +138,7 @@ func (s *Session) Activate(user string, channelID uint32, nonce []byte) (next []
 	}
 	m.mu.Unlock()
 	if evicted != nil {
-		m.log.Warn("closed an orphaned anonymous session to make room for an anonymous activation",
+		m.log.Info("closed an orphaned anonymous session to make room for an anonymous activation",
 			"closed", evicted.ID.String(), "name", evicted.Name, "session", s.ID.String(), "max_anonymous", m.lim.MaxAnonymous)
 		evicted.close()
 	}
@@ -372,7 +372,7 @@ func (m *Manager) Create(name string, requested time.Duration, now time.Time) *S
 	m.mu.Unlock()
 	for _, v := range evicted {
 		activated, user, _ := v.State()
-		m.log.Warn("closed a session to make room for a new one", "closed", v.ID.String(), "name", v.Name,
+		m.log.Info("closed a session to make room for a new one", "closed", v.ID.String(), "name", v.Name,
 			"activated", activated, "anonymous", activated && user == "", "session", s.ID.String(),
 			"max_sessions", m.lim.MaxSessions, "max_unactivated", m.lim.MaxUnactivated)
 		v.close()
