@@ -177,14 +177,15 @@ func ctxStatus(err error) ua.StatusCode {
 }
 
 // endpointURL is the URL echoed in GetEndpoints, FindServers and
-// CreateSession: the one requested (capped like the strings a session
-// keeps: it is echoed once per endpoint), else the Hello's, else ours.
+// CreateSession: the one requested, else the Hello's, else ours; a client's
+// is capped like the strings a session keeps (it is echoed twice per
+// endpoint).
 func (s *Server) endpointURL(cn *conn, requested string) string {
 	switch {
 	case requested != "":
 		return s.keepString(requested)
 	case cn.endpointURL != "":
-		return cn.endpointURL
+		return s.keepString(cn.endpointURL) // the Hello's
 	default:
 		return "opc.tcp://" + cn.localAddr
 	}
