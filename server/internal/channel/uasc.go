@@ -135,8 +135,11 @@ type Config struct {
 	// BadSecureChannelTokenUnknown when its security token is not renewed
 	// within 125 % of the token's revised lifetime (Part 6, 6.7.4: the
 	// token expires), and refuses a message carrying an expired token
-	// with the same error. Off: tokens never expire (the idle-after-open
-	// fault).
+	// with the same error. A token's time runs only while the server
+	// reads the channel: time the reader spends paused (backpressure) or
+	// handing a request on does not count, so a renewal the server was
+	// slow to read never expires a token. Off: tokens never expire (the
+	// idle-after-open fault).
 	EnforceLifetime bool
 }
 
@@ -154,6 +157,10 @@ var (
 // unrenewed token expires: clients renew at 75 %, so 125 % leaves them
 // half a lifetime of slack.
 const expiryGrace = 1.25
+
+// minRecheck spaces the checks of a token's expiry while the reader is
+// paused.
+const minRecheck = 50 * time.Millisecond
 
 // Frame and header sizes of UA Secure Conversation with SecurityPolicy None.
 const (
@@ -243,12 +250,20 @@ type SecureTransport struct {
 	// The symmetric keys of token, oldToken and sendTok (secured channels).
 	keys, oldKeys, sendKeys *symKeys
 	// expires and oldExpires are when token and oldToken expire
-	// (Config.EnforceLifetime; zero otherwise); expiry closes the channel
-	// at expires unless a renewal moved it.
-	expires, oldExpires time.Time
+	// (Config.EnforceLifetime; zero otherwise), on the clock of
+	// readTime; expiry closes the channel once the current token expired
+	// unless a renewal moved it.
+	expires, oldExpires time.Duration
 	expiry              *time.Timer
-	idle                *time.Timer // Config.IdleTimeout after the first OPN
-	stopped             bool        // Close ran: no timer is armed again
+	// stalled is the time the reader spent outside Receive (paused for
+	// backpressure, handing a request on) since the transport started,
+	// up to outside, when Receive last returned (zero while the reader is
+	// in Receive). Tokens expire by readTime: now minus stalled.
+	start   time.Time
+	stalled time.Duration
+	outside time.Time
+	idle    *time.Timer // Config.IdleTimeout after the first OPN
+	stopped bool        // Close ran: no timer is armed again
 
 	// chargeMu guards charged: the bytes of unfinished chunks charged to
 	// Config.Budget. The reader charges and releases; Close releases the
@@ -304,6 +319,7 @@ func Accept(c net.Conn, cfg Config) (*SecureTransport, error) {
 		rbuf:    make([]byte, lim.ReceiveBufSize),
 		partial: make(map[uint32]*partialMessage),
 		seq:     cfg.IDs.SequenceNumber - 1,
+		start:   time.Now(),
 	}
 	t.turnCond = sync.NewCond(&t.turnMu)
 	if cfg.Security != nil {
@@ -446,6 +462,19 @@ func (r *reader) bytes() []byte {
 // is then closed.
 func (t *SecureTransport) Receive(ctx context.Context) (Message, error) {
 	t.ReleaseGate()
+	if t.cfg.EnforceLifetime {
+		t.tokMu.Lock()
+		if !t.outside.IsZero() {
+			t.stalled += time.Since(t.outside)
+			t.outside = time.Time{}
+		}
+		t.tokMu.Unlock()
+		defer func() {
+			t.tokMu.Lock()
+			t.outside = time.Now()
+			t.tokMu.Unlock()
+		}()
+	}
 	for {
 		typ, chunk, body, err := t.readFrame()
 		if err != nil {
@@ -667,7 +696,7 @@ func (t *SecureTransport) armExpiry(lifetime time.Duration) {
 	if t.stopped {
 		return
 	}
-	t.expires = time.Now().Add(d)
+	t.expires = t.readTime(time.Now()) + d
 	if t.expiry == nil {
 		t.expiry = time.AfterFunc(d, t.tokenExpired)
 	} else {
@@ -683,9 +712,11 @@ func (t *SecureTransport) tokenExpired() {
 		t.tokMu.Unlock()
 		return
 	}
-	if left := time.Until(t.expires); left > 0 {
-		// A renewal raced with the timer: wait for the new expiry.
-		t.expiry.Reset(left)
+	if left := t.expires - t.readTime(time.Now()); left > 0 {
+		// A renewal raced with the timer, or the reader stalled: wait
+		// for the expiry (while the reader is paused, again and again,
+		// at least minRecheck apart).
+		t.expiry.Reset(max(left, minRecheck))
 		t.tokMu.Unlock()
 		return
 	}
@@ -885,7 +916,18 @@ func (t *SecureTransport) expired(token uint32) bool {
 	if token != t.token {
 		exp = t.oldExpires
 	}
-	return !exp.IsZero() && time.Now().After(exp)
+	return exp != 0 && t.readTime(time.Now()) > exp
+}
+
+// readTime is the time the reader has been reading (or waiting to read)
+// at now since the transport started: the clock tokens expire by. tokMu
+// held.
+func (t *SecureTransport) readTime(now time.Time) time.Duration {
+	stalled := t.stalled
+	if !t.outside.IsZero() {
+		stalled += now.Sub(t.outside)
+	}
+	return now.Sub(t.start) - stalled
 }
 
 // checkSize refuses a chunk of n bytes that would make request reqID
