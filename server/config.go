@@ -364,7 +364,10 @@ type Config struct {
 	HighMark, LowMark int
 	// MinSessionTimeout is the smallest revised session timeout (100 ms).
 	MinSessionTimeout time.Duration
-	// MaxSessions bounds concurrent sessions (1000).
+	// MaxSessions bounds concurrent sessions (1000). At it CreateSession
+	// closes the oldest orphaned anonymous session (its channel closed),
+	// else the oldest unactivated one, and only then answers
+	// BadTooManySessions; user sessions are never closed to make room.
 	MaxSessions int
 	// MaxMonitoredItemsPerCall bounds the items of one CreateMonitoredItems
 	// call (BadTooManyOperations beyond; advertised in
@@ -390,8 +393,9 @@ type Config struct {
 	// (DefaultMinChannelLifetime).
 	MinChannelLifetime time.Duration
 	// MaxUnactivatedSessions bounds sessions created but not yet activated
-	// (default MaxSessions/2): beyond it CreateSession gives
-	// BadTooManySessions.
+	// (default MaxSessions/2): at it CreateSession closes the oldest
+	// unactivated session to make room (the fault unactivated-refuse
+	// answers BadTooManySessions instead).
 	MaxUnactivatedSessions int
 	// UnactivatedTimeout closes a session that is not activated within it
 	// (DefaultUnactivatedTimeout).

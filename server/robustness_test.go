@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -766,20 +767,36 @@ func TestPanicInWorkerClosesOnlyItsChannel(t *testing.T) {
 }
 
 // TestUnactivatedSessionLimit: CreateSession beyond MaxUnactivatedSessions
-// gets BadTooManySessions; unactivated sessions expire.
+// closes the oldest unactivated session to make room (the fault
+// unactivated-refuse answers BadTooManySessions instead); unactivated
+// sessions expire.
 func TestUnactivatedSessionLimit(t *testing.T) {
-	ts := runServer(t, Config{MaxUnactivatedSessions: 2, UnactivatedTimeout: 300 * time.Millisecond})
-	c := connect(t, ts.endpoint, anonymous(t, ts.endpoint))
-	rawCreateSession(t, c)
-	rawCreateSession(t, c)
-	_, err := sendRaw(t, c, &ua.CreateSessionRequest{ClientDescription: &ua.ApplicationDescription{ApplicationName: ua.NewLocalizedText("x")}, SessionName: "third", ClientNonce: make([]byte, 32), RequestedSessionTimeout: 60000}, nil)
-	if !errors.Is(err, ua.StatusBadTooManySessions) {
-		t.Fatalf("third unactivated session: %v, want BadTooManySessions", err)
-	}
-	waitFor(t, "unactivated sessions to expire", func() bool { return ts.sessions.Counts().Unactivated == 0 })
-	rawCreateSession(t, c)
-	if n := readInt(t, c, NodeUnactivated); n != 1 {
-		t.Errorf("%s = %d, want 1", NodeUnactivated, n)
+	for _, refuse := range []bool{false, true} {
+		t.Run(fmt.Sprintf("refuse=%v", refuse), func(t *testing.T) {
+			cfg := Config{MaxUnactivatedSessions: 2, UnactivatedTimeout: 300 * time.Millisecond}
+			if refuse {
+				cfg.Faults = Faults{FaultUnactivatedRefuse: true}
+			}
+			ts := runServer(t, cfg)
+			c := connect(t, ts.endpoint, anonymous(t, ts.endpoint))
+			rawCreateSession(t, c)
+			rawCreateSession(t, c)
+			_, err := sendRaw(t, c, &ua.CreateSessionRequest{ClientDescription: &ua.ApplicationDescription{ApplicationName: ua.NewLocalizedText("x")}, SessionName: "third", ClientNonce: make([]byte, 32), RequestedSessionTimeout: 60000}, nil)
+			switch {
+			case refuse && !errors.Is(err, ua.StatusBadTooManySessions):
+				t.Fatalf("third unactivated session under %s: %v, want BadTooManySessions", FaultUnactivatedRefuse, err)
+			case !refuse && err != nil:
+				t.Fatalf("third unactivated session: %v, want the oldest closed to make room", err)
+			}
+			if n := ts.sessions.Counts().Unactivated; n != 2 {
+				t.Errorf("unactivated sessions = %d, want 2 (the limit)", n)
+			}
+			waitFor(t, "unactivated sessions to expire", func() bool { return ts.sessions.Counts().Unactivated == 0 })
+			rawCreateSession(t, c)
+			if n := readInt(t, c, NodeUnactivated); n != 1 {
+				t.Errorf("%s = %d, want 1", NodeUnactivated, n)
+			}
+		})
 	}
 }
 
