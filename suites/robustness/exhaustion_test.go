@@ -89,12 +89,15 @@ func exhaustion(ctx SpecContext, cond toxics.Condition) {
 
 	// The probers: a fresh client every second, logging in as the
 	// target's first user (anonymous if it has none), over None and, on a
-	// secured condition, over the condition's mode too.
+	// secured condition, over the condition's mode too. They come from
+	// another peer than the attackers (the server's own endpoint, not the
+	// proxy's): a victim is another host, and a server may well cap what
+	// one peer address holds.
 	var user, password string
 	if us := h.Setup.Target.Users; len(us) > 0 {
 		user, password = us[0].Name, us[0].Password
 	}
-	probeCfg := fresh.Config{Endpoint: e.Endpoint, User: user, Password: password, Duration: 10 * time.Minute}
+	probeCfg := fresh.Config{Endpoint: e.DirectEndpoint, User: user, Password: password, Duration: 10 * time.Minute}
 	probers := []*fresh.Prober{fresh.Start(ctx, rec, probeCfg)}
 	if e.Security.Secured() {
 		probeCfg.Security = e.Security
