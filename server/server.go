@@ -555,6 +555,8 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 		idle = 0
 	}
 	id := s.nextChannelID.Add(1)
+	// Shutdown closes a connection still in its handshake at once.
+	stopClose := context.AfterFunc(ctx, func() { _ = c.Close() })
 	t, err := channel.Accept(c, channel.Config{
 		IDs: channel.IDs{
 			SecureChannelID: id,
@@ -583,6 +585,7 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 		Active:          cn.active.Load,
 		EnforceLifetime: !s.cfg.Faults.Has(FaultIdleAfterOpen),
 	})
+	stopClose()
 	if err != nil {
 		s.log.Debug("handshake failed", "remote", remote, "err", err)
 		return
