@@ -199,7 +199,8 @@ const (
 	// 10 000 and allocates every queue at its full size at creation.
 	FaultItemQueuesUnbounded Fault = "item-queues-unbounded"
 	// FaultLongSessionStrings keeps session names, endpoint URLs and
-	// other client strings whole for the session's life.
+	// other client strings whole for the session's life, not charged to
+	// the memory budget.
 	FaultLongSessionStrings Fault = "long-session-strings"
 	// FaultIdleAfterOpen never closes a channel that opened but never
 	// activated a session, and does not enforce the token lifetime; at
