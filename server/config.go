@@ -383,7 +383,10 @@ type Config struct {
 	Counters int
 
 	// MaxConnections bounds open TCP connections, handshakes included
-	// (DefaultMaxConnections); a connection beyond it gets an ERR message
+	// (DefaultMaxConnections). At it, the oldest connection without an
+	// activated session (a handshake, or a channel no session was
+	// activated on) is closed to make room; only when every connection
+	// has one does a new connection get an ERR message
 	// BadMaxConnectionsReached and is closed.
 	MaxConnections int
 	// HandshakeTimeout bounds the time from connect to the end of the first

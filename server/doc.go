@@ -100,6 +100,8 @@
 //	ns=1;s=Counter.Cancelled          queued requests cancelled by Cancel
 //	ns=1;s=Counter.Connections        TCP connections served now
 //	ns=1;s=Counter.ConnectionsRefused connections refused (MaxConnections)
+//	ns=1;s=Counter.ConnectionsEvicted connections without an activated session
+//	                                  closed to make room at MaxConnections
 //	ns=1;s=Counter.Panics             panics recovered
 //	ns=1;s=Counter.DecodingErrors     requests answered BadDecodingError
 //	ns=1;s=Counter.LoginsDelayed      ActivateSession calls delayed by the login throttle
@@ -118,10 +120,16 @@
 //	                                      paused reader resumed (-1: none)
 //	ns=1;s=Channel.PendingResponses       responses pending now
 //	ns=1;s=Channel.ParkedRequests         Publish requests queued now
+//	ns=1;s=Memory.Budget              the memory budget's bytes (0: none)
+//	ns=1;s=Memory.Charged             bytes charged to it now
+//	ns=1;s=Memory.Charged.<class>, Memory.Refused.<class>   one class's bytes
+//	                                  and refused charges (chunks, queue,
+//	                                  logins, items, sessions)
 //	ns=1;s=Slow.<ms>                  sleeps <ms> (0..600000), honouring
 //	                                  cancellation and TimeoutHint; value <ms>
 //	ns=1;s=Busy.<µs>                  burns CPU for <µs> (0..60000000) by
 //	                                  spinning on the monotonic clock; value <µs>
+//	                                  (both absent with OPCUA_SERVICE_TIME_NODES=false)
 //	ns=1;s=SampledCounter.<i>         i in [0, Config.Counters): increments each
 //	                                  time the sampler reads it (a Read does not)
 //	ns=1;s=FastCounter.<i>            monotonic µs since start; SourceTimestamp =
