@@ -417,11 +417,14 @@ type Config struct {
 	// (uabin.DefaultMaxDepth, 100).
 	MaxDecodeDepth int
 	// LoginDelay, LoginDelayMax and LoginFreeFailures slow down failed
-	// logins per peer IP and user name: after LoginFreeFailures failed ActivateSession
-	// calls, the next one is checked and answered LoginDelay later, each
-	// further one twice as late, up to LoginDelayMax; a success resets
-	// (DefaultLoginDelay, DefaultLoginDelayMax, DefaultLoginFreeFailures).
-	// The wait is a timer: no worker or channel reader sleeps.
+	// logins per peer IP and user name: after LoginFreeFailures failed
+	// ActivateSession calls, the next one is checked and answered
+	// LoginDelay after it arrived, each further one twice as late, up to
+	// LoginDelayMax; a success resets (DefaultLoginDelay,
+	// DefaultLoginDelayMax, DefaultLoginFreeFailures). User-name logins
+	// are also counted per user and per peer IP, each of those delays
+	// capped at 1 s; a login waits the largest that applies. The wait is
+	// a timer: no worker or channel reader sleeps.
 	LoginDelay, LoginDelayMax time.Duration
 	LoginFreeFailures         int
 	// MemoryBudget is the byte budget of memory hostile peers can make the
@@ -501,7 +504,7 @@ type Config struct {
 //	OPCUA_MAX_MONITORED_ITEMS         live items, all sessions (100000)
 //	OPCUA_LOGIN_DELAY                 first delay of a failed login (100ms)
 //	OPCUA_LOGIN_DELAY_MAX             its cap (5s)
-//	OPCUA_LOGIN_FREE_FAILURES         failed logins per peer IP and user before delays (3)
+//	OPCUA_LOGIN_FREE_FAILURES         failed logins (per peer IP and user, user, peer IP) before delays (3)
 //	OPCUA_SHUTDOWN_TIMEOUT            wait for in-flight work on stop (5s)
 //	OPCUA_MEMORY_BUDGET               bytes hostile peers can make it hold (268435456)
 //	OPCUA_IDLE_TIMEOUT                channel open without an activated session (10s)

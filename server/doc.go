@@ -218,11 +218,32 @@
 // Responses are split into chunks within the client's receive buffer; one
 // above its MaxMessageSize or MaxChunkCount is answered BadResponseTooLarge.
 // Failed logins are delayed per peer IP and user name (LoginDelay doubling
-// to LoginDelayMax after LoginFreeFailures) on a timer, never on a reader or
-// worker. Transient accept errors (EMFILE) are backed off; Serve returns
-// within ShutdownTimeout of its context ending (ErrShutdownTimeout if work
-// was still running). The faults crash-on-decode and unbounded-idle bring
-// the old behaviour back.
+// to LoginDelayMax after LoginFreeFailures), and, for user-name tokens, per
+// user and per peer IP too (capped at 1 s, so a guesser cannot lock a real
+// user out for long): a login waits the largest delay that applies, on a
+// timer, never on a reader or worker, holding a trimmed copy of its request
+// charged to the memory budget, at most MaxHeldLoginsPerPeer per peer IP
+// (BadTooManyOperations beyond), and dropped with its channel. An encrypted
+// secret of more than MaxSecretBlocks RSA blocks is refused undecrypted.
+//
+// Memory hostile peers can make the server hold is charged to one byte
+// budget (MemoryBudget, package internal/budget) in classes with shares of
+// it: unfinished chunks of all channels (ERR BadTcpNotEnoughResources
+// beyond), queued requests by decoded size (BadResourceUnavailable), held
+// logins (BadTooManyOperations), monitored-item queues (an item's
+// BadResourceUnavailable) and per-session strings, capped at
+// MaxStringLength (CreateSession BadResourceUnavailable). A channel on
+// which no session was activated within IdleTimeout of its
+// OpenSecureChannel is closed, as is one whose token was not renewed within
+// 125 % of its lifetime; at MaxConnections the oldest connection without an
+// activated session makes room. At MaxUnactivatedSessions the oldest
+// unactivated session makes room; anonymous sessions hold at most
+// MaxAnonymousSessions, and orphaned ones (their channel closed) make room
+// at MaxSessions. Transient accept errors (EMFILE) are backed off; Serve
+// returns within ShutdownTimeout of its context ending (ErrShutdownTimeout
+// if work was still running). The faults crash-on-decode, unbounded-idle
+// and the resource-exhaustion faults (no-byte-budget ... throttle-pair-only)
+// bring the old behaviour back, one protection each.
 //
 // # Logging
 //
