@@ -192,9 +192,6 @@ const (
 	// FaultChunksPerChannelOnly bounds unfinished chunks per channel only:
 	// many connections together may hold any amount.
 	FaultChunksPerChannelOnly Fault = "chunks-per-channel-only"
-	// FaultReadLimitLate checks a Read's node count (MaxNodesPerRead) when
-	// a worker picks it up instead of when it arrives.
-	FaultReadLimitLate Fault = "read-limit-late"
 	// FaultItemQueuesUnbounded grants any monitored-item queue size up to
 	// 10 000 and allocates every queue at its full size at creation.
 	FaultItemQueuesUnbounded Fault = "item-queues-unbounded"
@@ -253,7 +250,7 @@ var AllFaults = []Fault{
 	FaultPerSessionOwners, FaultCancelTotal, FaultSessionsNeverExpire,
 	FaultSkippedSequence, FaultDuplicateSamples, FaultLateResumeSilent,
 	FaultNoByteBudget, FaultLoginHoldsRequests, FaultChunksPerChannelOnly,
-	FaultReadLimitLate, FaultItemQueuesUnbounded, FaultLongSessionStrings,
+	FaultItemQueuesUnbounded, FaultLongSessionStrings,
 	FaultIdleAfterOpen, FaultSessionsOutliveChannels, FaultUnactivatedRefuse,
 	FaultRSABlocksUnbounded, FaultThrottlePairOnly,
 }

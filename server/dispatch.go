@@ -143,13 +143,12 @@ func (s *Server) workers() int {
 
 // admit puts a job into the fair queue; it answers it at once when the queue
 // refuses it. A Read of more than MaxNodesPerRead nodes is answered
-// BadTooManyOperations on arrival (the read-limit-late fault leaves that to
-// the worker), and a request whose cost (queueCost) does not fit in the
+// BadTooManyOperations on arrival, and a request whose cost (queueCost) does not fit in the
 // budget's Queue share is answered BadResourceUnavailable: neither is
 // queued. An admitted request holds its charge until it is answered,
 // cancelled, halted or its channel goes away.
 func (s *Server) admit(j *job) {
-	if r, ok := j.req.(*ua.ReadRequest); ok && len(r.NodesToRead) > MaxNodesPerRead && !s.cfg.Faults.Has(FaultReadLimitLate) {
+	if r, ok := j.req.(*ua.ReadRequest); ok && len(r.NodesToRead) > MaxNodesPerRead {
 		s.releaseSlot(j)
 		j.ch.Respond(j.reqID, s.fault(j.req, ua.StatusBadTooManyOperations))
 		return

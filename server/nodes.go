@@ -80,8 +80,8 @@ func (s *Server) read(ctx context.Context, r *ua.ReadRequest) ua.Response {
 	case len(r.NodesToRead) == 0:
 		return s.fault(r, ua.StatusBadNothingToDo)
 	case len(r.NodesToRead) > MaxNodesPerRead:
-		// admit refuses such a Read on arrival; only the read-limit-late
-		// fault (or a caller other than the queue) gets here.
+		// admit refuses such a Read on arrival; only a caller other than
+		// the queue gets here.
 		return s.fault(r, ua.StatusBadTooManyOperations)
 	case r.TimestampsToReturn > ua.TimestampsToReturnNeither:
 		return s.fault(r, ua.StatusBadTimestampsToReturnInvalid)
