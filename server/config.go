@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 )
 
 // Default values of Config.
@@ -50,6 +52,8 @@ const (
 	// DefaultShutdownTimeout bounds the wait for in-flight work when the
 	// server stops (below Docker's 10 s between SIGTERM and SIGKILL).
 	DefaultShutdownTimeout = 5 * time.Second
+	// DefaultMemoryBudget is Config.MemoryBudget's default (256 MiB).
+	DefaultMemoryBudget = budget.DefaultLimit
 	// DefaultIdleTimeout closes a channel with no activated session that
 	// long after OpenSecureChannel.
 	DefaultIdleTimeout = 10 * time.Second

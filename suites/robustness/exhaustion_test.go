@@ -42,6 +42,9 @@ const (
 	// collected heap may hold up to twice its live bytes).
 	peakFactor = 2
 	peakSlack  = 96 << 20
+	// referenceMemoryBound is the reference server's memory bound: its
+	// default budget × peakFactor + peakSlack + 32 MiB of baseline.
+	referenceMemoryBound = server.DefaultMemoryBudget*peakFactor + peakSlack + 32<<20
 	// maxGuessRate is the most failed logins per second one peer may get
 	// answered from a server that declares a login throttle.
 	maxGuessRate = 5
@@ -142,7 +145,14 @@ func exhaustion(ctx SpecContext, cond toxics.Condition) {
 		{Name: "lockout", Config: check.LockoutConfig{Attacks: names, MaxLockout: maxLockout, MaxProbeLatency: maxProbeLatency}},
 		{Name: "answers", Config: answers},
 	}
-	if budget > 0 {
+	switch {
+	case isReference():
+		// the reference server is configured with its default budget:
+		// its bound is declared, so that a server that lost its budget
+		// (reporting 0) is judged by the same bound
+		checks = append(checks, check.Spec{Name: "memory-peak", Config: check.MemoryPeakConfig{
+			Attacks: names, Bound: referenceMemoryBound, Baseline: baseline}})
+	case budget > 0:
 		checks = append(checks, check.Spec{Name: "memory-peak", Config: check.MemoryPeakConfig{
 			Attacks: names, BudgetReading: fresh.BudgetReading, Factor: peakFactor, Slack: peakSlack, Baseline: baseline}})
 	}
