@@ -45,9 +45,6 @@ const (
 	// collected heap may hold up to twice its live bytes).
 	peakFactor = 2
 	peakSlack  = 96 << 20
-	// referenceMemoryBound is the reference server's memory bound: its
-	// default budget × peakFactor + peakSlack + 32 MiB of baseline.
-	referenceMemoryBound = server.DefaultMemoryBudget*peakFactor + peakSlack + 32<<20
 	// maxGuessRate is the most failed logins per second one peer may get
 	// answered from a server that declares a login throttle.
 	maxGuessRate = 5
@@ -154,20 +151,20 @@ func exhaustion(ctx SpecContext, cond toxics.Condition) {
 		{Name: "answers", Config: answers},
 		{Name: "amplification", Config: check.AmplificationConfig{Attacks: perMessage}},
 	}
-	switch {
-	case isReference():
-		// the reference server is configured with its default budget:
-		// its bound is declared, so that a server that lost its budget
-		// (reporting 0) is judged by the same bound
+	switch tgt := h.Setup.Target; {
+	case tgt.MemoryBound > 0:
+		// declared (OPCUA_CHAOS_MEMORY_BOUND; the reference server's is
+		// built in): a server that lost its budget, reporting 0, is
+		// judged by the same bound
 		checks = append(checks, check.Spec{Name: "memory-peak", Config: check.MemoryPeakConfig{
-			Attacks: names, Bound: referenceMemoryBound, Baseline: baseline}})
+			Attacks: names, Bound: float64(tgt.MemoryBound), Baseline: baseline}})
 	case budget > 0:
 		checks = append(checks, check.Spec{Name: "memory-peak", Config: check.MemoryPeakConfig{
 			Attacks: names, BudgetReading: fresh.BudgetReading, Factor: peakFactor, Slack: peakSlack, Baseline: baseline}})
 	}
-	if isReference() {
-		// the reference server throttles failed logins; other targets
-		// declare nothing about it, so their guess rate is not judged
+	if h.Setup.Target.LoginThrottle {
+		// a target that throttles failed logins (OPCUA_CHAOS_LOGIN_THROTTLE;
+		// the reference server does): others may not, and are not judged
 		checks = append(checks, check.Spec{Name: "guess-rate", Config: check.GuessRateConfig{Throttled: true, MaxRate: maxGuessRate}})
 	}
 	spec.Plan(checks...)
