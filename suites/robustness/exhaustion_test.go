@@ -1,7 +1,6 @@
 package robustness_test
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -127,13 +126,8 @@ func exhaustion(ctx SpecContext, cond toxics.Condition) {
 	baseline.End = rec.Now()
 
 	runner := &attack.Runner{Endpoint: e.Endpoint, Rec: rec, Seed: GinkgoRandomSeed()}
-	// The session floods run last: against a target without the
-	// protection they ask for hour-long sessions that keep the table full
-	// after them, which would lock the probes of every later attack out.
+	// in attack.Exhaustion's order: the session floods last
 	attacks := attack.Exhaustion(limits)
-	slices.SortStableFunc(attacks, func(a, b attack.Attack) int {
-		return cmp.Compare(floodRank(a), floodRank(b))
-	})
 	names := make([]string, 0, len(attacks))
 	var answers check.AnswersConfig
 	for _, a := range attacks {
@@ -195,18 +189,6 @@ func exhaustion(ctx SpecContext, cond toxics.Condition) {
 	figs := map[string]float64{"attacks.run": float64(len(attacks)), "memory.budget_bytes": budget}
 	spec.Judge(ctx, "robustness", cond.Name, rec, figs, checks...)
 	Expect(errors.Join(errs...)).NotTo(HaveOccurred(), "send attacks")
-}
-
-// floodRank orders the session floods after the other attacks, the
-// activated flood (orphaned hour-long sessions) last.
-func floodRank(a attack.Attack) int {
-	switch a.Name {
-	case attack.NameUnactivatedRefill:
-		return 1
-	case attack.NameActivatedFlood:
-		return 2
-	}
-	return 0
 }
 
 var _ = Describe("Resource exhaustion", spec.Property("robustness"), Label("exhaustion"), func() {
