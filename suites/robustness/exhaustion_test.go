@@ -84,7 +84,8 @@ func exhaustion(ctx SpecContext, cond toxics.Condition) {
 	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
 	w := watch.New(e, rec, watch.Options{Sessions: h.Setup.Probe.StandardDiagnostics.Found, Connections: e.Target.Diagnostics})
 	DeferCleanup(w.Close, NodeTimeout(10*time.Second))
-	// memory and CPU are read on a Watch of its own, every 250 ms, beside
+	// memory and CPU are read on a Watch of its own, back to back (at
+	// most every 250 ms; a Docker stats call takes about a second), beside
 	// the state readings
 	mw := watch.New(e, rec, watch.Options{})
 	DeferCleanup(mw.Close, NodeTimeout(10*time.Second))
