@@ -11,7 +11,7 @@ import (
 	"github.com/gopcua/opcua"
 	"github.com/gopcua/opcua/ua"
 
-	"github.com/opcua-chaos/opcua-chaos/server/internal/subprobe"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/subprobe"
 )
 
 func defaultProbe(endpoint, kind string, items int) subprobe.Config {
