@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 )
 
@@ -67,162 +68,6 @@ const (
 	DefaultMaxStringLength = 4096
 )
 
-// Fault names one deliberate bug the server can switch on (OPCUA_FAULTS), so
-// the suites can show that they catch it.
-type Fault string
-
-// The fault switches. Each is one small, clearly named code path.
-const (
-	// FaultUnweighted ignores owner weights (plain round robin).
-	FaultUnweighted Fault = "unweighted"
-	// FaultTurnStall sleeps 1 ms every 7th turn between taking an owner's
-	// last turn token and queuing its next turn (seed 001's preemption skew).
-	FaultTurnStall Fault = "turn-stall"
-	// FaultLostWakeup makes a worker check the queue and then park without
-	// re-checking after arming, so a request enqueued in between waits for
-	// the next arrival.
-	FaultLostWakeup Fault = "lost-wakeup"
-	// FaultNoBackpressure never stops reading a busy channel.
-	FaultNoBackpressure Fault = "no-backpressure"
-	// FaultFaultOnOverflow closes a channel with BadTcpNotEnoughResources
-	// when more than the high mark of responses are pending.
-	FaultFaultOnOverflow Fault = "fault-on-overflow"
-	// FaultCancelLeak does not return a cancelled queued request's slot.
-	FaultCancelLeak Fault = "cancel-leak"
-	// FaultCancelDouble still dispatches a cancelled request, so it
-	// completes twice.
-	FaultCancelDouble Fault = "cancel-double"
-	// FaultSerialDispatch serves all requests on one goroutine (gopcua's
-	// stock server behaviour).
-	FaultSerialDispatch Fault = "serial-dispatch"
-	// FaultSamplingDrift makes the sampler wait one interval after each
-	// sample instead of keeping absolute deadlines (seed 003's bug).
-	FaultSamplingDrift Fault = "sampling-drift"
-	// FaultPublishDrop silently drops Publish requests beyond a small number
-	// (3) queued per session (gopcua's stock server drops those beyond 100).
-	FaultPublishDrop Fault = "publish-drop"
-	// FaultCrashOnDecode hands request bodies to gopcua's decoder unchecked
-	// and recovers no panic on the connection: a malformed request (a
-	// Variant array length of -2) kills the process, as before issue 14.
-	FaultCrashOnDecode Fault = "crash-on-decode"
-	// FaultUnboundedIdle drops the handshake deadline and the connection
-	// limit: connections that never send Hello stay open forever.
-	FaultUnboundedIdle Fault = "unbounded-idle"
-	// FaultSamplerSkips makes the sampler never sample the targets at
-	// positions ≡ 7 (mod 64) of each sampling-interval group, in the order
-	// they were added (subscription.SkipModulus, SkipResidue): 16 of 1024
-	// items created together are never sampled, while a lone item (position
-	// 0) is sampled normally.
-	FaultSamplerSkips Fault = "sampler-skips"
-	// FaultCloseRunsQueued makes CloseSession answer Good but leave the
-	// session's queued requests in the queue; workers run them afterwards
-	// and answer them Good, as if the session were still open.
-	FaultCloseRunsQueued Fault = "close-runs-queued"
-	// FaultLostResponse drops the answer to every LostResponseEvery-th Read
-	// request of each secure channel: no response is sent, its pending
-	// slot is released, and the channel stays open.
-	FaultLostResponse Fault = "lost-response"
-	// FaultRetainMemory keeps RetainPerRequest bytes per served Read
-	// request forever (a leak); backpressure works unchanged.
-	FaultRetainMemory Fault = "retain-memory"
-	// FaultSlowLeak keeps SlowLeakPerRequest bytes per served Read
-	// request forever: a leak too slow for the 10-second CI runs' memory
-	// bounds, the kind a soak's trend finds (with allocation overhead
-	// about 300 MiB/min at 32 000 Reads/s).
-	FaultSlowLeak Fault = "slow-leak"
-	// FaultRepublishForgets keeps only the last notification message of a
-	// subscription for Republish: messages lost with a broken connection
-	// are answered BadMessageNotAvailable instead of being sent again.
-	FaultRepublishForgets Fault = "republish-forgets"
-	// FaultNoReactivate refuses ActivateSession of an activated session on
-	// another secure channel (BadSecureChannelIDInvalid): a session cannot
-	// move to the new channel of a client that reconnected, which must
-	// create a new one.
-	FaultNoReactivate Fault = "no-reactivate"
-	// FaultTransferDrops loses a subscription's monitored items in
-	// TransferSubscriptions: the subscription arrives in the new session
-	// empty, and sends keep-alives only.
-	FaultTransferDrops Fault = "transfer-drops"
-	// FaultLateResume resumes a channel's paused reader only when no
-	// response is pending instead of at LowMark: the pipeline drains
-	// empty before the server reads again, in bursts.
-	FaultLateResume Fault = "late-resume"
-	// FaultCryptoInGate signs and encrypts a secured channel's responses
-	// holding the channel's send gate, and has the reader take the gate to
-	// verify and decrypt a request and keep it while it hands the request
-	// to a worker; the workers send their own responses, so they wait for
-	// the gate, and handing over waits for a free worker. Under a deep
-	// pipeline over Sign or SignAndEncrypt the channels STALL (readers
-	// hold gates waiting for workers, workers wait for those gates: .NET's
-	// "SendResponse blocked workers on the channel gate"); under None the
-	// reader never takes the gate and nothing changes.
-	FaultCryptoInGate Fault = "crypto-in-gate"
-	// FaultPerSessionOwners keys the fair queue's owners by session
-	// instead of by user: a user with 8 sessions gets 8 shares, and the
-	// per-owner diagnostics (Owner.<user>.*) stay at 0.
-	FaultPerSessionOwners Fault = "per-session-owners"
-	// FaultCancelTotal answers Cancel with the server's running total of
-	// cancelled requests as CancelCount instead of the number this Cancel
-	// removed.
-	FaultCancelTotal Fault = "cancel-running-total"
-	// FaultSessionsNeverExpire never closes a session whose timeout
-	// passed without a request: abandoned sessions pile up.
-	FaultSessionsNeverExpire Fault = "sessions-never-expire"
-	// FaultSkippedSequence skips every SkipSequenceEvery-th notification
-	// message sequence number of a subscription: the number is never sent
-	// nor listed in AvailableSequenceNumbers.
-	FaultSkippedSequence Fault = "skipped-sequence"
-	// FaultDuplicateSamples queues every DuplicateSampleEvery-th sample of
-	// a monitored item twice: the client receives a notification the item
-	// never had (the same value and source timestamp again).
-	FaultDuplicateSamples Fault = "duplicate-samples"
-	// FaultLateResumeSilent is FaultLateResume in a server that publishes
-	// no channel counters (the Channel.* diagnostics nodes are absent), so
-	// only the client side can see the late resume.
-	FaultLateResumeSilent Fault = "late-resume-silent"
-
-	// The resource-exhaustion faults: each undoes one protection against
-	// hostile traffic, so the robustness suite's attacks are shown to
-	// catch it.
-
-	// FaultNoByteBudget removes the memory budget: queued requests,
-	// unfinished chunks, held logins, monitored-item queues and session
-	// strings are bounded by count only.
-	FaultNoByteBudget Fault = "no-byte-budget"
-	// FaultLoginHoldsRequests keeps a throttled ActivateSession's whole
-	// request (its secret included) in the throttle's timer, with no cap
-	// per peer, and keeps the timer running after the channel closed.
-	FaultLoginHoldsRequests Fault = "login-holds-requests"
-	// FaultChunksPerChannelOnly bounds unfinished chunks per channel only:
-	// many connections together may hold any amount.
-	FaultChunksPerChannelOnly Fault = "chunks-per-channel-only"
-	// FaultItemQueuesUnbounded grants any monitored-item queue size up to
-	// 10 000 and allocates every queue at its full size at creation.
-	FaultItemQueuesUnbounded Fault = "item-queues-unbounded"
-	// FaultLongSessionStrings keeps session names, endpoint URLs and
-	// other client strings whole for the session's life, not charged to
-	// the memory budget.
-	FaultLongSessionStrings Fault = "long-session-strings"
-	// FaultIdleAfterOpen never closes a channel that opened but never
-	// activated a session, and does not enforce the token lifetime; at
-	// the connection limit new clients are refused instead of evicting
-	// such channels.
-	FaultIdleAfterOpen Fault = "idle-after-open"
-	// FaultSessionsOutliveChannels keeps anonymous sessions whose channel
-	// closed for their full timeout and gives anonymous sessions the
-	// whole session table, so an anonymous flood refuses every login.
-	FaultSessionsOutliveChannels Fault = "sessions-outlive-channels"
-	// FaultUnactivatedRefuse refuses CreateSession at the unactivated
-	// limit instead of closing the oldest unactivated session.
-	FaultUnactivatedRefuse Fault = "unactivated-refuse"
-	// FaultRSABlocksUnbounded decrypts an encrypted user secret of any
-	// number of RSA blocks.
-	FaultRSABlocksUnbounded Fault = "rsa-blocks-unbounded"
-	// FaultThrottlePairOnly throttles failed logins per peer IP and user
-	// only: a fresh user name, or a fresh address, guesses at full speed.
-	FaultThrottlePairOnly Fault = "throttle-pair-only"
-)
-
 // Parameters of the fault switches.
 const (
 	// LostResponseEvery is the lost-response fault's period: the 500th,
@@ -242,28 +87,11 @@ const (
 	DuplicateSampleEvery = 200
 )
 
-// AllFaults lists every fault switch.
-var AllFaults = []Fault{
-	FaultUnweighted, FaultTurnStall, FaultLostWakeup, FaultNoBackpressure,
-	FaultFaultOnOverflow, FaultCancelLeak, FaultCancelDouble, FaultSerialDispatch,
-	FaultSamplingDrift, FaultPublishDrop, FaultCrashOnDecode, FaultUnboundedIdle,
-	FaultSamplerSkips, FaultCloseRunsQueued, FaultLostResponse, FaultRetainMemory,
-	FaultSlowLeak,
-	FaultRepublishForgets, FaultNoReactivate, FaultTransferDrops,
-	FaultLateResume, FaultCryptoInGate,
-	FaultPerSessionOwners, FaultCancelTotal, FaultSessionsNeverExpire,
-	FaultSkippedSequence, FaultDuplicateSamples, FaultLateResumeSilent,
-	FaultNoByteBudget, FaultLoginHoldsRequests, FaultChunksPerChannelOnly,
-	FaultItemQueuesUnbounded, FaultLongSessionStrings,
-	FaultIdleAfterOpen, FaultSessionsOutliveChannels, FaultUnactivatedRefuse,
-	FaultRSABlocksUnbounded, FaultThrottlePairOnly,
-}
-
 // Faults is a set of enabled fault switches.
-type Faults map[Fault]bool
+type Faults map[catalog.Fault]bool
 
 // Has reports whether f is on.
-func (fs Faults) Has(f Fault) bool { return fs[f] }
+func (fs Faults) Has(f catalog.Fault) bool { return fs[f] }
 
 // String lists the enabled faults, sorted, comma separated ("none" if empty).
 func (fs Faults) String() string {
@@ -284,10 +112,10 @@ func (fs Faults) String() string {
 func ParseFaults(s string) (Faults, error) {
 	fs := Faults{}
 	for _, name := range splitList(s) {
-		f := Fault(name)
-		if !slices.Contains(AllFaults, f) {
-			valid := make([]string, len(AllFaults))
-			for i, a := range AllFaults {
+		f := catalog.Fault(name)
+		if !slices.Contains(catalog.AllFaults, f) {
+			valid := make([]string, len(catalog.AllFaults))
+			for i, a := range catalog.AllFaults {
 				valid[i] = string(a)
 			}
 			return nil, fmt.Errorf("unknown fault %q (valid: %s)", name, strings.Join(valid, ", "))

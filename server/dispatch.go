@@ -12,6 +12,7 @@ import (
 
 	"github.com/gopcua/opcua/ua"
 
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/fairqueue"
@@ -123,17 +124,17 @@ func newQueue(cfg Config) *fairqueue.Queue[*job] {
 		Limit:        cfg.QueueSize,
 		OwnerLimit:   cfg.OwnerQueueSize,
 		Weight:       func(owner string) int { return weights[owner] },
-		Unweighted:   cfg.Faults.Has(FaultUnweighted),
-		TurnStall:    cfg.Faults.Has(FaultTurnStall),
-		LostWakeup:   cfg.Faults.Has(FaultLostWakeup),
-		CancelLeak:   cfg.Faults.Has(FaultCancelLeak),
-		CancelDouble: cfg.Faults.Has(FaultCancelDouble),
+		Unweighted:   cfg.Faults.Has(catalog.FaultUnweighted),
+		TurnStall:    cfg.Faults.Has(catalog.FaultTurnStall),
+		LostWakeup:   cfg.Faults.Has(catalog.FaultLostWakeup),
+		CancelLeak:   cfg.Faults.Has(catalog.FaultCancelLeak),
+		CancelDouble: cfg.Faults.Has(catalog.FaultCancelDouble),
 	})
 }
 
 // workers returns the size of the worker pool.
 func (s *Server) workers() int {
-	if s.cfg.Faults.Has(FaultSerialDispatch) {
+	if s.cfg.Faults.Has(catalog.FaultSerialDispatch) {
 		// Fault serial-dispatch: one goroutine serves every request of
 		// every session, like gopcua's stock server.
 		return 1
@@ -246,7 +247,7 @@ func (s *Server) execute(j *job) {
 		j.ch.Respond(j.reqID, s.fault(j.req, ua.StatusBadSecureChannelClosed))
 		return
 	}
-	if j.sess.Closed() && !s.cfg.Faults.Has(FaultCloseRunsQueued) {
+	if j.sess.Closed() && !s.cfg.Faults.Has(catalog.FaultCloseRunsQueued) {
 		// (Fault close-runs-queued skips this: a closed session's request
 		// runs and is answered as if the session were open.)
 		j.ch.Respond(j.reqID, s.fault(j.req, ua.StatusBadSessionClosed))
@@ -268,16 +269,16 @@ func (s *Server) execute(j *job) {
 	switch r := j.req.(type) {
 	case *ua.ReadRequest:
 		resp = s.read(ctx, r)
-		if s.cfg.Faults.Has(FaultRetainMemory) {
+		if s.cfg.Faults.Has(catalog.FaultRetainMemory) {
 			s.leak.retain(RetainPerRequest)
 		}
-		if s.cfg.Faults.Has(FaultSlowLeak) {
+		if s.cfg.Faults.Has(catalog.FaultSlowLeak) {
 			s.leak.retain(SlowLeakPerRequest)
 		}
-		if s.cfg.Faults.Has(FaultLostResponse) && j.conn.reads.Add(1)%LostResponseEvery == 0 {
+		if s.cfg.Faults.Has(catalog.FaultLostResponse) && j.conn.reads.Add(1)%LostResponseEvery == 0 {
 			// Fault lost-response: no answer to this Read; its pending
 			// slot is released so the channel goes on (open, flowing).
-			s.log.Debug("dropping a response", "fault", FaultLostResponse, "channel", j.conn.id, "handle", j.handle)
+			s.log.Debug("dropping a response", "fault", catalog.FaultLostResponse, "channel", j.conn.id, "handle", j.handle)
 			j.ch.Forget()
 			return
 		}

@@ -11,6 +11,8 @@ import (
 
 	"github.com/gopcua/opcua"
 	"github.com/gopcua/opcua/ua"
+
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 )
 
 // The fault switches of issue 12 (sampler-skips is tested with the sampler,
@@ -26,7 +28,7 @@ func TestCloseRunsQueuedFault(t *testing.T) {
 		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
 			cfg := Config{Workers: 1}
 			if on {
-				cfg.Faults = Faults{FaultCloseRunsQueued: true}
+				cfg.Faults = Faults{catalog.FaultCloseRunsQueued: true}
 			}
 			endpoint, srv := startServer(t, cfg)
 			other := connect(t, endpoint, asUser(t, endpoint, "user2", "password1"))
@@ -107,7 +109,7 @@ func TestLostResponseFault(t *testing.T) {
 		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
 			cfg := Config{}
 			if on {
-				cfg.Faults = Faults{FaultLostResponse: true}
+				cfg.Faults = Faults{catalog.FaultLostResponse: true}
 			}
 			endpoint, srv := startServer(t, cfg)
 			c := connect(t, endpoint, anonymous(t, endpoint))
@@ -149,7 +151,7 @@ func TestRetainMemoryFault(t *testing.T) {
 		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
 			cfg := Config{}
 			if on {
-				cfg.Faults = Faults{FaultRetainMemory: true}
+				cfg.Faults = Faults{catalog.FaultRetainMemory: true}
 			}
 			endpoint, srv := startServer(t, cfg)
 			c := connect(t, endpoint, anonymous(t, endpoint))

@@ -14,6 +14,7 @@ import (
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
 
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 )
 
@@ -95,7 +96,7 @@ func TestHeldLoginsCappedPerPeer(t *testing.T) {
 				MaxHeldLoginsPerPeer: held, MemoryBudget: 16 << 20,
 			}
 			if fault {
-				cfg.Faults = Faults{FaultLoginHoldsRequests: true}
+				cfg.Faults = Faults{catalog.FaultLoginHoldsRequests: true}
 			}
 			ts := runServer(t, cfg)
 			c := newRawChannel(t, ts.endpoint)
@@ -140,10 +141,10 @@ func TestHeldLoginsCappedPerPeer(t *testing.T) {
 				sent, refused, slowestRefusal, checked, lastChecked, charged)
 			if fault {
 				if refused != 0 || checked != sent {
-					t.Errorf("under %s: %d refused, %d checked, want all %d held and checked", FaultLoginHoldsRequests, refused, checked, sent)
+					t.Errorf("under %s: %d refused, %d checked, want all %d held and checked", catalog.FaultLoginHoldsRequests, refused, checked, sent)
 				}
 				if lastChecked < time.Duration(sent-1)*delay {
-					t.Errorf("under %s the last held login was answered after %v, want the delays queued (≥ %v)", FaultLoginHoldsRequests, lastChecked, time.Duration(sent-1)*delay)
+					t.Errorf("under %s the last held login was answered after %v, want the delays queued (≥ %v)", catalog.FaultLoginHoldsRequests, lastChecked, time.Duration(sent-1)*delay)
 				}
 				return
 			}
@@ -180,7 +181,7 @@ func TestHeldLoginsReleasedWithChannel(t *testing.T) {
 				MaxHeldLoginsPerPeer: held, MemoryBudget: 16 << 20,
 			}
 			if fault {
-				cfg.Faults = Faults{FaultLoginHoldsRequests: true}
+				cfg.Faults = Faults{catalog.FaultLoginHoldsRequests: true}
 			}
 			ts := runServer(t, cfg)
 			c := newRawChannel(t, ts.endpoint)
@@ -214,7 +215,7 @@ func TestHeldLoginsReleasedWithChannel(t *testing.T) {
 				held, charged, time.Since(closed).Round(time.Millisecond), waiting, left, heldBy)
 			if fault {
 				if waiting != held {
-					t.Errorf("under %s %d held logins still wait after the channel closed, want all %d (timers outlive the channel)", FaultLoginHoldsRequests, waiting, held)
+					t.Errorf("under %s %d held logins still wait after the channel closed, want all %d (timers outlive the channel)", catalog.FaultLoginHoldsRequests, waiting, held)
 				}
 				return
 			}
@@ -241,7 +242,7 @@ func TestSecretBlocksCapped(t *testing.T) {
 		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
 			cfg := Config{Users: map[string]string{"alice": "secret"}, MaxSecretBlocks: 16}
 			if fault {
-				cfg.Faults = Faults{FaultRSABlocksUnbounded: true}
+				cfg.Faults = Faults{catalog.FaultRSABlocksUnbounded: true}
 			}
 			ts := runServer(t, cfg)
 			r := createRaw(t, newRawChannel(t, ts.endpoint))
@@ -266,7 +267,7 @@ func TestSecretBlocksCapped(t *testing.T) {
 	}
 	if took[true] < 5*took[false] || took[true] < 200*time.Millisecond {
 		t.Errorf("under %s the %d-block secret was answered after %v (%v without the fault), want it decrypted (far slower)",
-			FaultRSABlocksUnbounded, blocks, took[true], took[false])
+			catalog.FaultRSABlocksUnbounded, blocks, took[true], took[false])
 	}
 }
 
@@ -279,7 +280,7 @@ func TestFreshUserNamesDelayed(t *testing.T) {
 		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
 			cfg := Config{Users: map[string]string{"alice": "secret"}, LoginDelay: delay, LoginDelayMax: time.Second, LoginFreeFailures: 3}
 			if fault {
-				cfg.Faults = Faults{FaultThrottlePairOnly: true}
+				cfg.Faults = Faults{catalog.FaultThrottlePairOnly: true}
 			}
 			ts := runServer(t, cfg)
 			r := createRaw(t, newRawChannel(t, ts.endpoint))
@@ -297,7 +298,7 @@ func TestFreshUserNamesDelayed(t *testing.T) {
 					t.Errorf("guess %d answered after %v, want delayed (≥ %v)", i+cfg.LoginFreeFailures+1, d, delay)
 				}
 				if fault && d >= delay*8/10 {
-					t.Errorf("under %s guess %d answered after %v, want no delay", FaultThrottlePairOnly, i+cfg.LoginFreeFailures+1, d)
+					t.Errorf("under %s guess %d answered after %v, want no delay", catalog.FaultThrottlePairOnly, i+cfg.LoginFreeFailures+1, d)
 				}
 			}
 		})
@@ -313,7 +314,7 @@ func TestOneUserFromManyAddresses(t *testing.T) {
 		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
 			cfg := Config{Users: map[string]string{"alice": "secret"}, LoginDelay: delay, LoginDelayMax: 5 * time.Second, LoginFreeFailures: 3}
 			if fault {
-				cfg.Faults = Faults{FaultThrottlePairOnly: true}
+				cfg.Faults = Faults{catalog.FaultThrottlePairOnly: true}
 			}
 			ts := runServer(t, cfg)
 			var took []time.Duration
@@ -333,7 +334,7 @@ func TestOneUserFromManyAddresses(t *testing.T) {
 					t.Errorf("guess %d answered after %v, want delayed by the user's key (%v to %v)", i+cfg.LoginFreeFailures+1, d, delay, sharedDelayMax)
 				}
 				if fault && d >= delay*8/10 {
-					t.Errorf("under %s guess %d answered after %v, want no delay", FaultThrottlePairOnly, i+cfg.LoginFreeFailures+1, d)
+					t.Errorf("under %s guess %d answered after %v, want no delay", catalog.FaultThrottlePairOnly, i+cfg.LoginFreeFailures+1, d)
 				}
 			}
 		})

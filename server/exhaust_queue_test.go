@@ -18,6 +18,7 @@ import (
 	"github.com/gopcua/opcua"
 	"github.com/gopcua/opcua/ua"
 
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 )
 
@@ -65,7 +66,7 @@ func TestQueueBudgetRefusesBeyondShare(t *testing.T) {
 		t.Run(fmt.Sprintf("no-byte-budget=%v", fault), func(t *testing.T) {
 			cfg := Config{Workers: 2, MemoryBudget: 8 << 20}
 			if fault {
-				cfg.Faults = Faults{FaultNoByteBudget: true}
+				cfg.Faults = Faults{catalog.FaultNoByteBudget: true}
 			}
 			endpoint, srv := startServer(t, cfg)
 			c := connect(t, endpoint, anonymous(t, endpoint))
@@ -250,7 +251,7 @@ func TestSessionStringsCapped(t *testing.T) {
 		t.Run(fmt.Sprintf("long-session-strings=%v", fault), func(t *testing.T) {
 			cfg := Config{MemoryBudget: 8 << 20, MaxStringLength: maxLen}
 			if fault {
-				cfg.Faults = Faults{FaultLongSessionStrings: true}
+				cfg.Faults = Faults{catalog.FaultLongSessionStrings: true}
 			}
 			endpoint, srv := startServer(t, cfg)
 			c := newRawChannel(t, endpoint)

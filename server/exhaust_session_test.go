@@ -10,6 +10,7 @@ import (
 	"github.com/gopcua/opcua"
 	"github.com/gopcua/opcua/ua"
 
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/subscription"
 )
@@ -22,7 +23,7 @@ const (
 
 // exhaustServer runs a server with the small session limits, the user
 // alice and the given faults.
-func exhaustServer(t *testing.T, faults ...Fault) *testServer {
+func exhaustServer(t *testing.T, faults ...catalog.Fault) *testServer {
 	t.Helper()
 	fs := Faults{}
 	for _, f := range faults {
@@ -70,7 +71,7 @@ func TestAnonymousFloodLeavesRoomForLogins(t *testing.T) {
 		t.Run(fmt.Sprintf("sessions-outlive-channels=%v", fault), func(t *testing.T) {
 			var ts *testServer
 			if fault {
-				ts = exhaustServer(t, FaultSessionsOutliveChannels)
+				ts = exhaustServer(t, catalog.FaultSessionsOutliveChannels)
 			} else {
 				ts = exhaustServer(t)
 			}
@@ -147,7 +148,7 @@ func TestUnactivatedFloodLeavesRoom(t *testing.T) {
 		t.Run(fmt.Sprintf("unactivated-refuse=%v", fault), func(t *testing.T) {
 			var ts *testServer
 			if fault {
-				ts = exhaustServer(t, FaultUnactivatedRefuse)
+				ts = exhaustServer(t, catalog.FaultUnactivatedRefuse)
 			} else {
 				ts = exhaustServer(t)
 			}
@@ -279,7 +280,7 @@ func TestItemQueueBomb(t *testing.T) {
 	}
 
 	t.Run("item-queues-unbounded", func(t *testing.T) {
-		ts := runServer(t, Config{Counters: 16, MemoryBudget: limit, Faults: Faults{FaultItemQueuesUnbounded: true}})
+		ts := runServer(t, Config{Counters: 16, MemoryBudget: limit, Faults: Faults{catalog.FaultItemQueuesUnbounded: true}})
 		c := connect(t, ts.endpoint, anonymous(t, ts.endpoint))
 		_, results := itemQueueBomb(t, c, 20)
 		for i, res := range results {

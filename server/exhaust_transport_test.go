@@ -13,6 +13,7 @@ import (
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
 
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/uatest"
 )
@@ -126,7 +127,7 @@ func TestChunksChargedAcrossChannels(t *testing.T) {
 // TestFaultChunksPerChannelOnly: with chunks-per-channel-only nothing is
 // charged, and the channels together hold more than the chunks share.
 func TestFaultChunksPerChannelOnly(t *testing.T) {
-	ts := runServer(t, Config{MemoryBudget: exhaustBudget, Faults: Faults{FaultChunksPerChannelOnly: true}})
+	ts := runServer(t, Config{MemoryBudget: exhaustBudget, Faults: Faults{catalog.FaultChunksPerChannelOnly: true}})
 	n := 2 * (chunksPerConn + 1)
 	conns := holdChunks(t, ts.addr, n)
 	for i, c := range conns {
@@ -192,7 +193,7 @@ func TestIdleTimeoutAfterOpen(t *testing.T) {
 	const idle = 300 * time.Millisecond
 	for _, fault := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
-			ts := runServer(t, Config{IdleTimeout: idle, Faults: Faults{FaultIdleAfterOpen: fault}})
+			ts := runServer(t, Config{IdleTimeout: idle, Faults: Faults{catalog.FaultIdleAfterOpen: fault}})
 			active := rawChannel(t, ts.addr, uacp.Hello{})
 			if err := active.Session(nil); err != nil {
 				t.Fatal(err)
@@ -275,7 +276,7 @@ func TestTokenLifetimeEnforced(t *testing.T) {
 	const lifetime = 200 * time.Millisecond
 	for _, fault := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
-			ts := runServer(t, Config{MinChannelLifetime: lifetime, Faults: Faults{FaultIdleAfterOpen: fault}})
+			ts := runServer(t, Config{MinChannelLifetime: lifetime, Faults: Faults{catalog.FaultIdleAfterOpen: fault}})
 			dial := func() (*uatest.Conn, time.Time) {
 				c, err := uatest.Dial(ts.addr, uacp.Hello{})
 				if err != nil {
@@ -351,7 +352,7 @@ func TestEvictAtConnectionLimit(t *testing.T) {
 	const limit = 20
 	for _, fault := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
-			ts := runServer(t, Config{MaxConnections: limit, Faults: Faults{FaultIdleAfterOpen: fault}})
+			ts := runServer(t, Config{MaxConnections: limit, Faults: Faults{catalog.FaultIdleAfterOpen: fault}})
 			idle := make([]*uatest.Conn, limit)
 			for i := range idle {
 				idle[i] = rawChannel(t, ts.addr, uacp.Hello{})

@@ -20,6 +20,7 @@ import (
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
 
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/uatest"
 )
 
@@ -127,7 +128,7 @@ func TestFaultCrashOnDecode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts server processes")
 	}
-	for _, faults := range []string{"none", string(FaultCrashOnDecode)} {
+	for _, faults := range []string{"none", string(catalog.FaultCrashOnDecode)} {
 		t.Run(faults, func(t *testing.T) {
 			srv := startChild(t, faults)
 			c, err := uatest.Dial(srv.addr, uacp.Hello{})
@@ -175,7 +176,7 @@ func TestFaultCrashOnDecode(t *testing.T) {
 // Hello outlive the handshake timeout and the connection limit does not
 // apply (without it: TestHandshakeTimeout, TestConnectionLimit).
 func TestFaultUnboundedIdle(t *testing.T) {
-	ts := runServer(t, Config{HandshakeTimeout: 100 * time.Millisecond, MaxConnections: 1, Faults: Faults{FaultUnboundedIdle: true}})
+	ts := runServer(t, Config{HandshakeTimeout: 100 * time.Millisecond, MaxConnections: 1, Faults: Faults{catalog.FaultUnboundedIdle: true}})
 	var idle []net.Conn
 	for range 3 {
 		nc, err := net.Dial("tcp", ts.addr)
@@ -209,7 +210,7 @@ func TestFaultUnboundedIdle(t *testing.T) {
 func TestFaultPerSessionOwners(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
-			endpoint, srv := startServer(t, Config{Faults: Faults{FaultPerSessionOwners: on}})
+			endpoint, srv := startServer(t, Config{Faults: Faults{catalog.FaultPerSessionOwners: on}})
 			a := connect(t, endpoint, asUser(t, endpoint, "user1", "password"))
 			b := connect(t, endpoint, asUser(t, endpoint, "user1", "password"))
 			readValues(t, a, counter(NodeRequests))
@@ -241,7 +242,7 @@ func TestFaultPerSessionOwners(t *testing.T) {
 func TestFaultCancelTotal(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
-			endpoint, srv := startServer(t, Config{Workers: 1, Faults: Faults{FaultCancelTotal: on}})
+			endpoint, srv := startServer(t, Config{Workers: 1, Faults: Faults{catalog.FaultCancelTotal: on}})
 			c := connect(t, endpoint, asUser(t, endpoint, "user1", "password"))
 			cancelCount := func(handle uint32) uint32 {
 				t.Helper()
@@ -282,7 +283,7 @@ func TestFaultCancelTotal(t *testing.T) {
 func TestFaultSessionsNeverExpire(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
-			endpoint, srv := startServer(t, Config{Faults: Faults{FaultSessionsNeverExpire: on}})
+			endpoint, srv := startServer(t, Config{Faults: Faults{catalog.FaultSessionsNeverExpire: on}})
 			c := connect(t, endpoint, anonymous(t, endpoint), opcua.SessionTimeout(200*time.Millisecond))
 			readValues(t, c, counter(NodeRequests))
 			time.Sleep(800 * time.Millisecond) // four timeouts, many sweeps
@@ -347,7 +348,7 @@ func publishLoop(t *testing.T, c *opcua.Client, node string, done func(*ua.Publi
 func TestFaultSkippedSequence(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
-			endpoint, _ := startServer(t, Config{Counters: 4, Faults: Faults{FaultSkippedSequence: on}})
+			endpoint, _ := startServer(t, Config{Counters: 4, Faults: Faults{catalog.FaultSkippedSequence: on}})
 			c := connect(t, endpoint)
 			var seqs []uint32
 			sub := publishLoop(t, c, "FastCounter.0", func(p *ua.PublishResponse) bool {
@@ -385,7 +386,7 @@ func TestFaultSkippedSequence(t *testing.T) {
 func TestFaultDuplicateSamples(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
-			endpoint, _ := startServer(t, Config{Counters: 4, Faults: Faults{FaultDuplicateSamples: on}})
+			endpoint, _ := startServer(t, Config{Counters: 4, Faults: Faults{catalog.FaultDuplicateSamples: on}})
 			c := connect(t, endpoint)
 			var vals []*ua.DataValue
 			publishLoop(t, c, "SampledCounter.0", func(p *ua.PublishResponse) bool {

@@ -18,6 +18,8 @@ import (
 
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uapolicy"
+
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 )
 
 // Token policy ids advertised in the endpoints. Like real servers, the
@@ -249,7 +251,7 @@ func (s *Server) userPassword(t *ua.UserNameIdentityToken, nonce []byte, enc *ua
 		}
 		return nil, fmt.Sprintf("encryption algorithm %q, want %q", t.EncryptionAlgorithm, alg)
 	}
-	if n := s.secretBlocks(t.Password); n > s.cfg.MaxSecretBlocks && !s.cfg.Faults.Has(FaultRSABlocksUnbounded) {
+	if n := s.secretBlocks(t.Password); n > s.cfg.MaxSecretBlocks && !s.cfg.Faults.Has(catalog.FaultRSABlocksUnbounded) {
 		// Each block costs an RSA private-key operation (about 1.3 ms
 		// for RSA-2048) and costs the client nothing to send: refused
 		// without decrypting any. (Fault rsa-blocks-unbounded: decrypted.)

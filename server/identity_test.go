@@ -18,6 +18,8 @@ import (
 	"github.com/gopcua/opcua"
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uapolicy"
+
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 )
 
 const rsaOAEP = "http://www.w3.org/2001/04/xmlenc#rsa-oaep"
@@ -446,7 +448,7 @@ func TestSecretBlockLimit(t *testing.T) {
 	for _, fault := range []bool{false, true} {
 		cfg := Config{Users: map[string]string{"alice": "secret"}, MaxSecretBlocks: 2}
 		if fault {
-			cfg.Faults = Faults{FaultRSABlocksUnbounded: true}
+			cfg.Faults = Faults{catalog.FaultRSABlocksUnbounded: true}
 		}
 		srv, err := New(cfg)
 		if err != nil {

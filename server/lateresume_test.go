@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/gopcua/opcua/ua"
+
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 )
 
 // TestFaultLateResumeSilent: with late-resume-silent a channel's paused
@@ -18,7 +20,7 @@ func TestFaultLateResumeSilent(t *testing.T) {
 	const high, low, reads = 10, 5, 30
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
-			endpoint, srv := startServer(t, Config{Workers: 2, HighMark: high, LowMark: low, Faults: Faults{FaultLateResumeSilent: on}})
+			endpoint, srv := startServer(t, Config{Workers: 2, HighMark: high, LowMark: low, Faults: Faults{catalog.FaultLateResumeSilent: on}})
 			c := connect(t, endpoint, anonymous(t, endpoint))
 			// reads Slow.20 Reads at once on one channel: the reader
 			// stops at the high mark while two workers answer them.

@@ -9,6 +9,7 @@ import (
 	"github.com/gopcua/opcua/id"
 	"github.com/gopcua/opcua/ua"
 
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 )
 
@@ -319,7 +320,7 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 		return nil, false, nil
 	}
 	if strings.HasPrefix(name, "Channel.") {
-		if s.cfg.Faults.Has(FaultLateResumeSilent) {
+		if s.cfg.Faults.Has(catalog.FaultLateResumeSilent) {
 			// Fault late-resume-silent: a server without channel
 			// counters; its late resume shows on the wire only.
 			return nil, false, nil

@@ -6,20 +6,22 @@ import (
 	"testing"
 
 	"github.com/gopcua/opcua/ua"
+
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 )
 
 // TestParseQuirks: every declared quirk parses, the set prints sorted, and
 // an unknown name is one error line listing the valid ones.
 func TestParseQuirks(t *testing.T) {
 	var names []string
-	for _, q := range AllQuirks {
+	for _, q := range catalog.AllQuirks {
 		names = append(names, string(q))
 	}
 	qs, err := ParseQuirks(" " + strings.Join(names, " , ") + ",")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, q := range AllQuirks {
+	for _, q := range catalog.AllQuirks {
 		if !qs.Has(q) {
 			t.Errorf("%s not on", q)
 		}
@@ -49,11 +51,11 @@ func TestLoadConfigQuirks(t *testing.T) {
 		}
 	}
 	cfg, err := LoadConfig(nil, getenv("min-sampling-50ms"), io.Discard)
-	if err != nil || !cfg.Quirks.Has(QuirkMinSampling50ms) || cfg.Quirks.Has(QuirkNoCertOnNone) {
+	if err != nil || !cfg.Quirks.Has(catalog.QuirkMinSampling50ms) || cfg.Quirks.Has(catalog.QuirkNoCertOnNone) {
 		t.Errorf("env: quirks %v, err %v", cfg.Quirks, err)
 	}
 	cfg, err = LoadConfig([]string{"-quirks", "no-cert-on-none"}, getenv(""), io.Discard)
-	if err != nil || !cfg.Quirks.Has(QuirkNoCertOnNone) {
+	if err != nil || !cfg.Quirks.Has(catalog.QuirkNoCertOnNone) {
 		t.Errorf("flag: quirks %v, err %v", cfg.Quirks, err)
 	}
 	if _, err = LoadConfig(nil, getenv("bogus"), io.Discard); err == nil || !strings.HasPrefix(err.Error(), "OPCUA_QUIRKS: unknown quirk \"bogus\"") {
@@ -68,7 +70,7 @@ func TestQuirkMinSampling50ms(t *testing.T) {
 	for _, tc := range []struct {
 		quirks   Quirks
 		want10ms float64
-	}{{Quirks{QuirkMinSampling50ms: true}, 50}, {nil, 10}} {
+	}{{Quirks{catalog.QuirkMinSampling50ms: true}, 50}, {nil, 10}} {
 		t.Run(tc.quirks.String(), func(t *testing.T) {
 			endpoint, _ := startServer(t, Config{Counters: 4, Quirks: tc.quirks})
 			c := connect(t, endpoint)

@@ -8,6 +8,8 @@ import (
 
 	"github.com/gopcua/opcua"
 	"github.com/gopcua/opcua/ua"
+
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 )
 
 // subscribeCounter creates a subscription publishing every 20 ms with one
@@ -110,7 +112,7 @@ func TestSessionMovesToANewChannel(t *testing.T) {
 }
 
 func TestNoReactivateFaultKeepsTheSessionOnItsChannel(t *testing.T) {
-	endpoint, _ := startServer(t, Config{Counters: 4, Faults: Faults{FaultNoReactivate: true}})
+	endpoint, _ := startServer(t, Config{Counters: 4, Faults: Faults{catalog.FaultNoReactivate: true}})
 	a := connect(t, endpoint, anonymous(t, endpoint))
 	_, err := moveSession(t, endpoint, a)
 	if !errors.Is(err, ua.StatusBadSecureChannelIDInvalid) {
@@ -124,7 +126,7 @@ func TestRepublishForgetsFault(t *testing.T) {
 	for _, fault := range []bool{false, true} {
 		cfg := Config{Counters: 4}
 		if fault {
-			cfg.Faults = Faults{FaultRepublishForgets: true}
+			cfg.Faults = Faults{catalog.FaultRepublishForgets: true}
 		}
 		endpoint, _ := startServer(t, cfg)
 		c := connect(t, endpoint, anonymous(t, endpoint))
@@ -152,7 +154,7 @@ func TestTransferSubscriptions(t *testing.T) {
 	for _, fault := range []bool{false, true} {
 		cfg := Config{Counters: 4}
 		if fault {
-			cfg.Faults = Faults{FaultTransferDrops: true}
+			cfg.Faults = Faults{catalog.FaultTransferDrops: true}
 		}
 		endpoint, srv := startServer(t, cfg)
 		a := connect(t, endpoint, asUser(t, endpoint, "user1", "password"))

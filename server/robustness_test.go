@@ -24,6 +24,7 @@ import (
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
 
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/uatest"
 )
 
@@ -775,7 +776,7 @@ func TestUnactivatedSessionLimit(t *testing.T) {
 		t.Run(fmt.Sprintf("refuse=%v", refuse), func(t *testing.T) {
 			cfg := Config{MaxUnactivatedSessions: 2, UnactivatedTimeout: 300 * time.Millisecond}
 			if refuse {
-				cfg.Faults = Faults{FaultUnactivatedRefuse: true}
+				cfg.Faults = Faults{catalog.FaultUnactivatedRefuse: true}
 			}
 			ts := runServer(t, cfg)
 			c := connect(t, ts.endpoint, anonymous(t, ts.endpoint))
@@ -784,7 +785,7 @@ func TestUnactivatedSessionLimit(t *testing.T) {
 			_, err := sendRaw(t, c, &ua.CreateSessionRequest{ClientDescription: &ua.ApplicationDescription{ApplicationName: ua.NewLocalizedText("x")}, SessionName: "third", ClientNonce: make([]byte, 32), RequestedSessionTimeout: 60000}, nil)
 			switch {
 			case refuse && !errors.Is(err, ua.StatusBadTooManySessions):
-				t.Fatalf("third unactivated session under %s: %v, want BadTooManySessions", FaultUnactivatedRefuse, err)
+				t.Fatalf("third unactivated session under %s: %v, want BadTooManySessions", catalog.FaultUnactivatedRefuse, err)
 			case !refuse && err != nil:
 				t.Fatalf("third unactivated session: %v, want the oldest closed to make room", err)
 			}
@@ -833,7 +834,7 @@ func TestLoadConfigLimits(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("limits %+v\nwant %+v", got, want)
 	}
-	if !cfg.Faults.Has(FaultCrashOnDecode) || !cfg.Faults.Has(FaultUnboundedIdle) {
+	if !cfg.Faults.Has(catalog.FaultCrashOnDecode) || !cfg.Faults.Has(catalog.FaultUnboundedIdle) {
 		t.Errorf("faults %v", cfg.Faults)
 	}
 	for k, v := range map[string]string{

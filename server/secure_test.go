@@ -21,6 +21,8 @@ import (
 	"github.com/gopcua/opcua"
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uapolicy"
+
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 )
 
 // testClientURI is the ApplicationUri of the test clients' certificates.
@@ -448,10 +450,10 @@ func TestFaultCryptoInGateStallsSecuredPipelines(t *testing.T) {
 		depth, per int
 		stalls     bool
 	}{
-		{"SignAndEncrypt/crypto-in-gate", enc, Faults{FaultCryptoInGate: true}, depth, per, true},
+		{"SignAndEncrypt/crypto-in-gate", enc, Faults{catalog.FaultCryptoInGate: true}, depth, per, true},
 		{"SignAndEncrypt", enc, nil, depth, per, false},
-		{"None/crypto-in-gate", secureClient{}, Faults{FaultCryptoInGate: true}, depth, per, false},
-		{"SignAndEncrypt/crypto-in-gate/one-at-a-time", enc, Faults{FaultCryptoInGate: true}, 1, 20, false},
+		{"None/crypto-in-gate", secureClient{}, Faults{catalog.FaultCryptoInGate: true}, depth, per, false},
+		{"SignAndEncrypt/crypto-in-gate/one-at-a-time", enc, Faults{catalog.FaultCryptoInGate: true}, 1, 20, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ts := runServer(t, Config{Workers: 4, Faults: tc.faults})
@@ -522,7 +524,7 @@ func TestQuirkNoCertOnNone(t *testing.T) {
 	for _, quirk := range []bool{true, false} {
 		cfg := Config{}
 		if quirk {
-			cfg.Quirks = Quirks{QuirkNoCertOnNone: true}
+			cfg.Quirks = Quirks{catalog.QuirkNoCertOnNone: true}
 		}
 		endpoint, _ := startServer(t, cfg)
 		c := connect(t, endpoint, anonymous(t, endpoint))

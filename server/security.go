@@ -11,6 +11,7 @@ import (
 
 	"github.com/gopcua/opcua/ua"
 
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/session"
@@ -48,7 +49,7 @@ func (s *Server) identityChange(cn *conn, sess *session.Session, user string) ua
 // attempt that cannot be held is answered BadTooManyOperations at once,
 // unchecked.
 func (s *Server) throttledActivate(cn *conn, ch *channel.Channel, reqID uint32, r *ua.ActivateSessionRequest, now time.Time) {
-	if s.cfg.Faults.Has(FaultLoginHoldsRequests) {
+	if s.cfg.Faults.Has(catalog.FaultLoginHoldsRequests) {
 		s.holdWholeActivate(cn, ch, reqID, r, now)
 		return
 	}
@@ -108,7 +109,7 @@ func (s *Server) holdWholeActivate(cn *conn, ch *channel.Channel, reqID uint32, 
 		return
 	}
 	s.stats.loginsDelayed.Add(1)
-	s.log.Info("login delayed after failed logins", "fault", FaultLoginHoldsRequests, "remote", cn.remoteIP, "user", keys.user, "delay", wait)
+	s.log.Info("login delayed after failed logins", "fault", catalog.FaultLoginHoldsRequests, "remote", cn.remoteIP, "user", keys.user, "delay", wait)
 	time.AfterFunc(wait, run)
 }
 
@@ -249,7 +250,7 @@ func (s *Server) heldToken(eo *ua.ExtensionObject) (*ua.ExtensionObject, int64) 
 			UserName:            s.clipUser(t.UserName),
 			EncryptionAlgorithm: clip(t.EncryptionAlgorithm, maxHeldString),
 		}
-		if s.secretBlocks(t.Password) <= s.cfg.MaxSecretBlocks || s.cfg.Faults.Has(FaultRSABlocksUnbounded) {
+		if s.secretBlocks(t.Password) <= s.cfg.MaxSecretBlocks || s.cfg.Faults.Has(catalog.FaultRSABlocksUnbounded) {
 			u.Password = bytes.Clone(t.Password)
 		}
 		v = u
@@ -316,7 +317,7 @@ type loginKeys struct {
 
 // loginKeys returns the throttle keys of an attempt from ip with identity.
 func (s *Server) loginKeys(ip string, identity *ua.ExtensionObject) loginKeys {
-	return loginKeys{ip: ip, user: s.clipUser(userName(identity)), pairOnly: s.cfg.Faults.Has(FaultThrottlePairOnly)}
+	return loginKeys{ip: ip, user: s.clipUser(userName(identity)), pairOnly: s.cfg.Faults.Has(catalog.FaultThrottlePairOnly)}
 }
 
 // pair is the key of the pair table.

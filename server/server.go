@@ -21,6 +21,7 @@ import (
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
 
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/fairqueue"
@@ -199,10 +200,10 @@ func New(cfg Config) (*Server, error) {
 			MaxSessions:        cfg.MaxSessions,
 			MaxUnactivated:     cfg.MaxUnactivatedSessions,
 			UnactivatedTimeout: cfg.UnactivatedTimeout,
-			NeverExpire:        cfg.Faults.Has(FaultSessionsNeverExpire),
+			NeverExpire:        cfg.Faults.Has(catalog.FaultSessionsNeverExpire),
 			MaxAnonymous:       cfg.MaxAnonymousSessions,
-			OutliveChannels:    cfg.Faults.Has(FaultSessionsOutliveChannels),
-			UnactivatedRefuse:  cfg.Faults.Has(FaultUnactivatedRefuse),
+			OutliveChannels:    cfg.Faults.Has(catalog.FaultSessionsOutliveChannels),
+			UnactivatedRefuse:  cfg.Faults.Has(catalog.FaultUnactivatedRefuse),
 			Logger:             cfg.Logger,
 		}),
 		start:   time.Now(),
@@ -212,10 +213,10 @@ func New(cfg Config) (*Server, error) {
 		decoder: uabin.NewDecoder(uabin.Limits{MaxDepth: cfg.MaxDecodeDepth}),
 		logins:  newLoginThrottle(cfg.LoginFreeFailures, cfg.LoginDelay, cfg.LoginDelayMax),
 	}
-	if !cfg.Faults.Has(FaultNoByteBudget) {
+	if !cfg.Faults.Has(catalog.FaultNoByteBudget) {
 		s.budget = budget.New(cfg.MemoryBudget)
 	}
-	if cfg.Faults.Has(FaultCryptoInGate) {
+	if cfg.Faults.Has(catalog.FaultCryptoInGate) {
 		s.slots = make(chan struct{}, s.workers())
 	}
 	s.newSubscriptions()
@@ -292,7 +293,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		s.expireSessions(ctx)
 	}()
 	s.wg.Go(func() { s.returnMemory(ctx) })
-	if s.cfg.Quirks.Has(QuirkRetainFreedMemory) {
+	if s.cfg.Quirks.Has(catalog.QuirkRetainFreedMemory) {
 		s.wg.Go(func() { s.retainMemory(ctx) })
 	}
 
@@ -380,8 +381,8 @@ func (s *Server) admitConn(c net.Conn) *conn {
 	cn := &conn{nc: c, since: time.Now()}
 	s.connsMu.Lock()
 	defer s.connsMu.Unlock()
-	if len(s.conns)-s.evicting >= s.cfg.MaxConnections && !s.cfg.Faults.Has(FaultUnboundedIdle) {
-		if s.cfg.Faults.Has(FaultIdleAfterOpen) {
+	if len(s.conns)-s.evicting >= s.cfg.MaxConnections && !s.cfg.Faults.Has(catalog.FaultUnboundedIdle) {
+		if s.cfg.Faults.Has(catalog.FaultIdleAfterOpen) {
 			return nil
 		}
 		var victim *conn
@@ -521,7 +522,7 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 	c := cn.nc
 	remote := c.RemoteAddr().String()
 	local := c.LocalAddr().String()
-	crash := s.cfg.Faults.Has(FaultCrashOnDecode)
+	crash := s.cfg.Faults.Has(catalog.FaultCrashOnDecode)
 	var t *channel.SecureTransport
 	if !crash {
 		// A panic on this connection's reader closes the connection, not
@@ -539,19 +540,19 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 		}()
 	}
 	handshake := s.cfg.HandshakeTimeout
-	if s.cfg.Faults.Has(FaultUnboundedIdle) {
+	if s.cfg.Faults.Has(catalog.FaultUnboundedIdle) {
 		handshake = 0 // Fault unbounded-idle: wait for the Hello forever.
 	}
 	// Fault chunks-per-channel-only: unfinished chunks are bounded per
 	// channel only, not charged to the memory budget.
 	chunks := s.budget
-	if s.cfg.Faults.Has(FaultChunksPerChannelOnly) {
+	if s.cfg.Faults.Has(catalog.FaultChunksPerChannelOnly) {
 		chunks = nil
 	}
 	// Fault idle-after-open: a channel may stay open without a session,
 	// and its token never expires.
 	idle := s.cfg.IdleTimeout
-	if s.cfg.Faults.Has(FaultIdleAfterOpen) {
+	if s.cfg.Faults.Has(catalog.FaultIdleAfterOpen) {
 		idle = 0
 	}
 	id := s.nextChannelID.Add(1)
@@ -579,11 +580,11 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 			PrivateKey:  s.creds.key,
 			Offers:      s.offers,
 		},
-		CryptoInGate:    s.cfg.Faults.Has(FaultCryptoInGate),
+		CryptoInGate:    s.cfg.Faults.Has(catalog.FaultCryptoInGate),
 		Budget:          chunks,
 		IdleTimeout:     idle,
 		Active:          cn.active.Load,
-		EnforceLifetime: !s.cfg.Faults.Has(FaultIdleAfterOpen),
+		EnforceLifetime: !s.cfg.Faults.Has(catalog.FaultIdleAfterOpen),
 	})
 	stopClose()
 	if err != nil {
@@ -616,9 +617,9 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 	ch := channel.New(t, channel.Options{
 		HighMark:        s.cfg.HighMark,
 		LowMark:         s.cfg.LowMark,
-		NoBackpressure:  s.cfg.Faults.Has(FaultNoBackpressure),
-		FaultOnOverflow: s.cfg.Faults.Has(FaultFaultOnOverflow),
-		LateResume:      s.cfg.Faults.Has(FaultLateResume) || s.cfg.Faults.Has(FaultLateResumeSilent),
+		NoBackpressure:  s.cfg.Faults.Has(catalog.FaultNoBackpressure),
+		FaultOnOverflow: s.cfg.Faults.Has(catalog.FaultFaultOnOverflow),
+		LateResume:      s.cfg.Faults.Has(catalog.FaultLateResume) || s.cfg.Faults.Has(catalog.FaultLateResumeSilent),
 		Logger:          s.log.With("channel", id),
 		OnPanic:         func() { s.stats.panics.Add(1) },
 	})

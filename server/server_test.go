@@ -17,6 +17,8 @@ import (
 	"github.com/gopcua/opcua"
 	"github.com/gopcua/opcua/id"
 	"github.com/gopcua/opcua/ua"
+
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 )
 
 // testFaults returns the fault switches named in OPCUA_TEST_FAULTS, so that
@@ -486,7 +488,7 @@ func TestLoadConfig(t *testing.T) {
 	env["OPCUA_LISTEN"] = "127.0.0.1:1234"
 	env["OPCUA_FAULTS"] = "unweighted,turn-stall"
 	cfg, err = LoadConfig(nil, getenv, io.Discard)
-	if err != nil || cfg.Listen != "127.0.0.1:1234" || !cfg.Faults.Has(FaultTurnStall) {
+	if err != nil || cfg.Listen != "127.0.0.1:1234" || !cfg.Faults.Has(catalog.FaultTurnStall) {
 		t.Errorf("env: %+v %v", cfg, err)
 	}
 	cfg, err = LoadConfig([]string{"-listen", "127.0.0.1:99"}, getenv, io.Discard)

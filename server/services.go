@@ -12,6 +12,7 @@ import (
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uapolicy"
 
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/session"
@@ -137,7 +138,7 @@ func (s *Server) handle(cn *conn, ch *channel.Channel, msg channel.Message) {
 // owner classifies a request the way the .NET server does: the session's
 // user name, else the peer IP (there are no signed channels here).
 func (s *Server) owner(cn *conn, sess *session.Session) string {
-	if sess != nil && s.cfg.Faults.Has(FaultPerSessionOwners) {
+	if sess != nil && s.cfg.Faults.Has(catalog.FaultPerSessionOwners) {
 		// Fault per-session-owners: each session is an owner of its own
 		// (its public session id; the authentication token is secret), so
 		// a user's share grows with its sessions.
@@ -266,7 +267,7 @@ func (s *Server) createSession(cn *conn, r *ua.CreateSessionRequest, now time.Ti
 		appURI = s.keepString(r.ClientDescription.ApplicationURI)
 	}
 	var cost int64
-	if !s.cfg.Faults.Has(FaultLongSessionStrings) {
+	if !s.cfg.Faults.Has(catalog.FaultLongSessionStrings) {
 		// (Fault long-session-strings: kept whole, and not charged.)
 		cost = sessionCost(name, appURI)
 	}
@@ -288,7 +289,7 @@ func (s *Server) createSession(cn *conn, r *ua.CreateSessionRequest, now time.Ti
 	sess.SetClient(appURI)
 	s.log.Debug("session created", "session", sess.ID.String(), "name", sess.Name, "timeout", sess.Timeout, "channel", cn.id)
 	cert := s.creds.cert
-	if s.cfg.Quirks.Has(QuirkNoCertOnNone) && !sec.Secured() && len(r.ClientCertificate) == 0 {
+	if s.cfg.Quirks.Has(catalog.QuirkNoCertOnNone) && !sec.Secured() && len(r.ClientCertificate) == 0 {
 		// Quirk no-cert-on-none: like open62541, no certificate on a None
 		// channel to a client that sent none (GetEndpoints still has it).
 		cert = nil
@@ -321,7 +322,7 @@ func sessionCost(name, appURI string) int64 {
 // bytes, cut on a rune boundary, and copied so it does not pin the request
 // it came from. Under the long-session-strings fault it is kept whole.
 func (s *Server) keepString(v string) string {
-	if s.cfg.Faults.Has(FaultLongSessionStrings) {
+	if s.cfg.Faults.Has(catalog.FaultLongSessionStrings) {
 		return v
 	}
 	return truncate(v, s.cfg.MaxStringLength)
@@ -378,7 +379,7 @@ func (s *Server) activateSession(cn *conn, r *ua.ActivateSessionRequest, now tim
 		return s.fault(r, ua.StatusBadApplicationSignatureInvalid)
 	}
 	user, code, why := s.authenticate(r.UserIdentityToken, nonce, sec.PolicyURI)
-	if activated, _, chID := sess.State(); code == ua.StatusOK && activated && chID != cn.id && s.cfg.Faults.Has(FaultNoReactivate) {
+	if activated, _, chID := sess.State(); code == ua.StatusOK && activated && chID != cn.id && s.cfg.Faults.Has(catalog.FaultNoReactivate) {
 		// Fault no-reactivate: the session stays bound to its old channel.
 		code, why = ua.StatusBadSecureChannelIDInvalid, "session bound to another channel"
 	}
@@ -419,10 +420,10 @@ func (s *Server) closeSession(cn *conn, r *ua.CloseSessionRequest, _ time.Time) 
 	if !ok {
 		return s.fault(r, ua.StatusBadSessionIDInvalid)
 	}
-	if s.cfg.Faults.Has(FaultCloseRunsQueued) {
+	if s.cfg.Faults.Has(catalog.FaultCloseRunsQueued) {
 		// Fault close-runs-queued: the session's queued requests stay in
 		// the queue; workers run them after this Good response.
-		s.log.Debug("leaving a closed session's requests queued", "fault", FaultCloseRunsQueued, "session", sess.ID.String())
+		s.log.Debug("leaving a closed session's requests queued", "fault", catalog.FaultCloseRunsQueued, "session", sess.ID.String())
 	} else {
 		// The session's queued requests will not run.
 		s.cancelQueued(cn, func(j *job) bool { return j.sess == sess }, ua.StatusBadSessionClosed)
@@ -444,7 +445,7 @@ func (s *Server) cancel(cn *conn, r *ua.CancelRequest, now time.Time) ua.Respons
 	}, ua.StatusBadRequestCancelledByClient)
 	total := s.stats.cancelled.Add(int64(n))
 	count := uint32(n)
-	if s.cfg.Faults.Has(FaultCancelTotal) {
+	if s.cfg.Faults.Has(catalog.FaultCancelTotal) {
 		// Fault cancel-running-total: the server's running total of
 		// requests cancelled by Cancel, not this call's.
 		count = uint32(total)

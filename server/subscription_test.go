@@ -12,6 +12,7 @@ import (
 	"github.com/gopcua/opcua/ua"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/subprobe"
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 )
 
 func defaultProbe(endpoint, kind string, items int) subprobe.Config {
@@ -74,7 +75,7 @@ func TestSubscriptionSamplingDriftCaught(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-time measurement")
 	}
-	endpoint, _ := startServer(t, Config{Counters: 1024, Faults: Faults{FaultSamplingDrift: true}})
+	endpoint, _ := startServer(t, Config{Counters: 1024, Faults: Faults{catalog.FaultSamplingDrift: true}})
 	n := e2eItems(t)
 	// Best of 2 attempts (pass 2.0 never stops early), as generous as the
 	// clean test's best of 3 needs to be for a result this far below.
@@ -126,7 +127,7 @@ func samplingStats(t testing.TB, endpoint string) string {
 func TestLoadConfigSubscriptions(t *testing.T) {
 	env := map[string]string{"OPCUA_COUNTERS": "100", "OPCUA_FAULTS": "sampling-drift,publish-drop"}
 	cfg, err := LoadConfig(nil, func(k string) string { return env[k] }, io.Discard)
-	if err != nil || cfg.Counters != 100 || !cfg.Faults.Has(FaultSamplingDrift) || !cfg.Faults.Has(FaultPublishDrop) {
+	if err != nil || cfg.Counters != 100 || !cfg.Faults.Has(catalog.FaultSamplingDrift) || !cfg.Faults.Has(catalog.FaultPublishDrop) {
 		t.Fatalf("cfg %+v, err %v", cfg, err)
 	}
 	for _, v := range []string{"0", "-3", "x", "1000001"} {
@@ -248,7 +249,7 @@ func TestSubscriptionServicesOverTheWire(t *testing.T) {
 // (the client times them out), and the channel keeps serving: the dropped
 // requests do not hold backpressure slots (high mark 100).
 func TestPublishDropFaultOverTheWire(t *testing.T) {
-	endpoint, srv := startServer(t, Config{Counters: 4, Faults: Faults{FaultPublishDrop: true}})
+	endpoint, srv := startServer(t, Config{Counters: 4, Faults: Faults{catalog.FaultPublishDrop: true}})
 	c := connect(t, endpoint)
 	r, err := sendSvc(t, c, &ua.CreateSubscriptionRequest{RequestedPublishingInterval: 50, RequestedMaxKeepAliveCount: 1000, PublishingEnabled: true})
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gopcua/opcua/ua"
 
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/session"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/subscription"
@@ -37,14 +38,14 @@ func (s *Server) newSubscriptions() {
 		Clock:         clock,
 		Source:        subscription.Sources{s.counters, nodeSource{s}},
 		Logger:        s.log,
-		SamplingDrift: s.cfg.Faults.Has(FaultSamplingDrift),
-		SamplerSkips:  s.cfg.Faults.Has(FaultSamplerSkips),
-		PublishDrop:   s.cfg.Faults.Has(FaultPublishDrop),
+		SamplingDrift: s.cfg.Faults.Has(catalog.FaultSamplingDrift),
+		SamplerSkips:  s.cfg.Faults.Has(catalog.FaultSamplerSkips),
+		PublishDrop:   s.cfg.Faults.Has(catalog.FaultPublishDrop),
 
-		RepublishForgets:     s.cfg.Faults.Has(FaultRepublishForgets),
-		SkippedSequence:      s.cfg.Faults.Has(FaultSkippedSequence),
+		RepublishForgets:     s.cfg.Faults.Has(catalog.FaultRepublishForgets),
+		SkippedSequence:      s.cfg.Faults.Has(catalog.FaultSkippedSequence),
 		SkipSequenceEvery:    SkipSequenceEvery,
-		DuplicateSamples:     s.cfg.Faults.Has(FaultDuplicateSamples),
+		DuplicateSamples:     s.cfg.Faults.Has(catalog.FaultDuplicateSamples),
 		DuplicateSampleEvery: DuplicateSampleEvery,
 
 		MinSamplingInterval: s.minSamplingInterval(),
@@ -54,7 +55,7 @@ func (s *Server) newSubscriptions() {
 		MaxItemsTotal:      s.cfg.MaxMonitoredItems,
 	}
 	opts.Budget = s.budget // nil under no-byte-budget: queues are bounded by count only
-	if s.cfg.Faults.Has(FaultItemQueuesUnbounded) {
+	if s.cfg.Faults.Has(catalog.FaultItemQueuesUnbounded) {
 		// Fault item-queues-unbounded: queue sizes up to 10 000,
 		// allocated whole at creation, charged nowhere.
 		opts.MaxQueueSize = subscription.UnboundedQueueSize
@@ -68,7 +69,7 @@ func (s *Server) newSubscriptions() {
 // manager's default, 1 ms), or MinSamplingQuirk under the quirk
 // min-sampling-50ms.
 func (s *Server) minSamplingInterval() time.Duration {
-	if s.cfg.Quirks.Has(QuirkMinSampling50ms) {
+	if s.cfg.Quirks.Has(catalog.QuirkMinSampling50ms) {
 		return MinSamplingQuirk
 	}
 	return 0
@@ -274,7 +275,7 @@ func (s *Server) transferSubscriptions(cn *conn, sess *session.Session, ss *subs
 			res.StatusCode = ua.StatusBadUserAccessDenied
 			continue
 		}
-		res.AvailableSequenceNumbers, res.StatusCode = s.subs.Transfer(id, key, ss, r.SendInitialValues, s.cfg.Faults.Has(FaultTransferDrops))
+		res.AvailableSequenceNumbers, res.StatusCode = s.subs.Transfer(id, key, ss, r.SendInitialValues, s.cfg.Faults.Has(catalog.FaultTransferDrops))
 	}
 	return &ua.TransferSubscriptionsResponse{ResponseHeader: respHeader(r, ua.StatusOK), Results: results}
 }

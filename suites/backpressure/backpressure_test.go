@@ -19,7 +19,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
-	"github.com/opcua-chaos/opcua-chaos/server"
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
@@ -164,7 +164,7 @@ var secured = toxics.Secured(toxics.SecuritySignEncrypt, toxics.Baseline)
 // SignAndEncrypt are aimed at (their None row is aimed at deepCatches):
 // response crypto under the channel's send gate, which stalls deep
 // pipelines on secured channels only.
-var securedDeepCatches = []server.Fault{server.FaultCryptoInGate}
+var securedDeepCatches = []catalog.Fault{catalog.FaultCryptoInGate}
 
 // judged are the op kinds the backpressure checks read.
 var judged = []history.Kind{history.KindRead, history.KindSession}
@@ -344,18 +344,18 @@ func slowChecks(throttle string) []check.Spec {
 // baseline: a server that never stops reading, one that faults the
 // channel when it falls behind, one that loses responses and one that
 // retains memory per request.
-var catches = []server.Fault{server.FaultNoBackpressure, server.FaultFaultOnOverflow, server.FaultLostResponse, server.FaultRetainMemory}
+var catches = []catalog.Fault{catalog.FaultNoBackpressure, catalog.FaultFaultOnOverflow, catalog.FaultLostResponse, catalog.FaultRetainMemory}
 
 // deepCatches are catches and the fault the deep pipelines are aimed at
 // too: a server that resumes reading late (10 × 1000 outstanding Reads
 // pause and resume its readers over and over), seen in its counters. The
 // same fault without counters (late-resume-silent) is the refill spec's:
 // the deep pipelines' idle measure is reported, not judged.
-var deepCatches = append(slices.Clone(catches), server.FaultLateResume)
+var deepCatches = append(slices.Clone(catches), catalog.FaultLateResume)
 
 // refillCatches are the faults the refill pipeline is aimed at: a server
 // that resumes reading late, with its counters and without them.
-var refillCatches = []server.Fault{server.FaultLateResume, server.FaultLateResumeSilent}
+var refillCatches = []catalog.Fault{catalog.FaultLateResume, catalog.FaultLateResumeSilent}
 
 // start requires what cond needs of the target and caps (the deep and slow
 // reader specs read ServerStatus only: the condition is all they need), so
@@ -377,7 +377,7 @@ func start(ctx context.Context, cond toxics.Condition, caps ...string) (*env.Env
 
 var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 	// catches fault slow-leak (nemesis-trend: a leak)
-	It("serves 10 sessions × 1000 outstanding Reads through a seeded nemesis schedule, exactly once, in bounded memory", Label("soak"), spec.Condition(toxics.Scheduled.Name), spec.Catches(server.FaultSlowLeak), func(ctx SpecContext) {
+	It("serves 10 sessions × 1000 outstanding Reads through a seeded nemesis schedule, exactly once, in bounded memory", Label("soak"), spec.Condition(toxics.Scheduled.Name), spec.Catches(catalog.FaultSlowLeak), func(ctx SpecContext) {
 		runFor := spec.SoakFor()
 		// Nothing in the schedule closes a connection: no errors, no
 		// channel faults, every request answered exactly once; a throttled

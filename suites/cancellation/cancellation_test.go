@@ -24,7 +24,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
-	"github.com/opcua-chaos/opcua-chaos/server"
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
@@ -506,13 +506,13 @@ func sessionsOpened(name string) check.Spec {
 // baseline: a cancelled request that keeps its queue slot, one that is
 // still dispatched, and a CloseSession that leaves the session's queued
 // requests to run.
-var catches = []server.Fault{server.FaultCancelLeak, server.FaultCancelDouble, server.FaultCloseRunsQueued}
+var catches = []catalog.Fault{catalog.FaultCancelLeak, catalog.FaultCancelDouble, catalog.FaultCloseRunsQueued}
 
 // stormCatches adds, for the cancel storm, a CancelCount that is not the
 // number of requests the Cancel removed (the server's running total):
 // exactly-once compares each session's CancelCounts with its requests
 // answered BadRequestCancelledByClient.
-var stormCatches = append(slices.Clone(catches), server.FaultCancelTotal)
+var stormCatches = append(slices.Clone(catches), catalog.FaultCancelTotal)
 
 // ciIndex is cond's index in toxics.CI(): it separates the random draws of
 // the specs of each condition, which share the suite seed.

@@ -17,7 +17,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
-	"github.com/opcua-chaos/opcua-chaos/server"
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
@@ -98,7 +98,7 @@ type shape struct {
 	name string
 	// catches are the faults of the reference server that the weighted
 	// spec of this shape must catch under baseline (the fault matrix).
-	catches []server.Fault
+	catches []catalog.Fault
 	// request is what every session sends.
 	request load.Request
 	// cpuBound: the request burns server CPU, so under a CPU limit the
@@ -116,7 +116,7 @@ var (
 	// and the proxy are not (at 200 µs they are, on 2 cores).
 	// Ignored weights (unweighted) show in either shape.
 	cpuBound = shape{name: "cpu-bound", request: load.BusyRead(time.Millisecond), cpuBound: true,
-		catches: []server.Fault{server.FaultUnweighted}}
+		catches: []catalog.Fault{catalog.FaultUnweighted}}
 	// workerBound requests hold a worker for 2 ms without CPU (Slow.2):
 	// the worker pool is the bottleneck and dispatches thousands of
 	// requests per second, so a scheduler that loses turns for a
@@ -125,7 +125,7 @@ var (
 	// (turn-stall skews heavy/light to 2.05–2.22; the CPU-bound spec does
 	// not see it, its 1 ms requests dwarf the 1 ms stall).
 	workerBound = shape{name: "worker-bound", request: load.SlowRead(2 * time.Millisecond),
-		catches: []server.Fault{server.FaultUnweighted, server.FaultTurnStall}}
+		catches: []catalog.Fault{catalog.FaultUnweighted, catalog.FaultTurnStall}}
 )
 
 // isolationCatches are the faults the isolation spec's baseline row must
@@ -137,7 +137,7 @@ var (
 // have 4 sessions each, so per-session service (no session is an owner
 // the weights name) serves them 1:1: the same history as ignored weights
 // (unweighted), which no first line can tell apart from it.
-var isolationCatches = []server.Fault{server.FaultPerSessionOwners}
+var isolationCatches = []catalog.Fault{catalog.FaultPerSessionOwners}
 
 // owners describes the sessions of each owner in a run.
 type owner struct {

@@ -17,7 +17,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/reconnect"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
-	"github.com/opcua-chaos/opcua-chaos/server"
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
@@ -71,7 +71,7 @@ const (
 // catches are the reference server's recovery bugs the spec is aimed at
 // under baseline: a retransmission queue that forgets, a session that
 // cannot move channel, a transfer that loses the items.
-var catches = []server.Fault{server.FaultRepublishForgets, server.FaultNoReactivate, server.FaultTransferDrops}
+var catches = []catalog.Fault{catalog.FaultRepublishForgets, catalog.FaultNoReactivate, catalog.FaultTransferDrops}
 
 // readEvery is the soak client's pace: one Read at a time, this often.
 const readEvery = 100 * time.Millisecond

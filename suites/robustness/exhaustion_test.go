@@ -17,7 +17,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	fresh "github.com/opcua-chaos/opcua-chaos/fixtures/victim"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
-	"github.com/opcua-chaos/opcua-chaos/server"
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
@@ -56,11 +56,11 @@ var exhaustLimits = map[string]string{"OPCUA_MAX_CONNECTIONS": "300", "OPCUA_MAX
 
 // exhaustCatches are the protections the spec is aimed at: each fault
 // switch undoes one.
-var exhaustCatches = []server.Fault{
-	server.FaultNoByteBudget, server.FaultLoginHoldsRequests, server.FaultChunksPerChannelOnly,
-	server.FaultItemQueuesUnbounded, server.FaultLongSessionStrings,
-	server.FaultIdleAfterOpen, server.FaultSessionsOutliveChannels, server.FaultUnactivatedRefuse,
-	server.FaultRSABlocksUnbounded, server.FaultThrottlePairOnly,
+var exhaustCatches = []catalog.Fault{
+	catalog.FaultNoByteBudget, catalog.FaultLoginHoldsRequests, catalog.FaultChunksPerChannelOnly,
+	catalog.FaultItemQueuesUnbounded, catalog.FaultLongSessionStrings,
+	catalog.FaultIdleAfterOpen, catalog.FaultSessionsOutliveChannels, catalog.FaultUnactivatedRefuse,
+	catalog.FaultRSABlocksUnbounded, catalog.FaultThrottlePairOnly,
 }
 
 // exhaustion runs the exhaustion attacks one after another while fresh

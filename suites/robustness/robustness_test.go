@@ -23,7 +23,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
-	"github.com/opcua-chaos/opcua-chaos/server"
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
@@ -381,7 +381,7 @@ func robustness(ctx SpecContext, cond toxics.Condition) {
 // request that kills the process, idle connections never closed, and
 // sessions that never expire (the attackers' abandoned sessions keep the
 // session count above its baseline).
-var catches = []server.Fault{server.FaultCrashOnDecode, server.FaultUnboundedIdle, server.FaultSessionsNeverExpire}
+var catches = []catalog.Fault{catalog.FaultCrashOnDecode, catalog.FaultUnboundedIdle, catalog.FaultSessionsNeverExpire}
 
 var _ = Describe("Robustness", spec.Property("robustness"), func() {
 	DescribeTable("survives hostile traffic, answers every bad message, keeps serving a victim and returns to its baseline",

@@ -15,7 +15,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/subscribe"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
-	"github.com/opcua-chaos/opcua-chaos/server"
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
@@ -41,8 +41,8 @@ const (
 // messages, one per publishing interval over warmup, judged span and
 // tail) and a server that queues a sample twice (the sampling check fails
 // on duplicates).
-var catches = []server.Fault{server.FaultSamplingDrift, server.FaultPublishDrop, server.FaultSamplerSkips,
-	server.FaultSkippedSequence, server.FaultDuplicateSamples}
+var catches = []catalog.Fault{catalog.FaultSamplingDrift, catalog.FaultPublishDrop, catalog.FaultSamplerSkips,
+	catalog.FaultSkippedSequence, catalog.FaultDuplicateSamples}
 
 // subscription labels the driver's subscription in the history (its
 // Publish ops and listed sequence numbers).

@@ -14,7 +14,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
-	"github.com/opcua-chaos/opcua-chaos/server"
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
@@ -28,7 +28,7 @@ const maxStall = 500 * time.Millisecond
 // catches are the reference server's faults every spec is aimed at under
 // baseline: a parked worker that misses its wakeup, a server that serves
 // one request at a time, responses lost on a live connection.
-var catches = []server.Fault{server.FaultLostWakeup, server.FaultSerialDispatch, server.FaultLostResponse}
+var catches = []catalog.Fault{catalog.FaultLostWakeup, catalog.FaultSerialDispatch, catalog.FaultLostResponse}
 
 // secured are the conditions of the rows under SignAndEncrypt: the
 // baseline, with every client on SignAndEncrypt channels.
@@ -38,7 +38,7 @@ var secured = toxics.Secured(toxics.SecuritySignEncrypt, toxics.Baseline)
 // SignAndEncrypt are aimed at (their None row is aimed at catches):
 // response crypto under the channel's send gate, which stalls the 1×200
 // and 10×100 pipelines on secured channels only.
-var securedShapesCatches = []server.Fault{server.FaultCryptoInGate}
+var securedShapesCatches = []catalog.Fault{catalog.FaultCryptoInGate}
 
 // securedShapes are the rows under SignAndEncrypt of the shapes table of
 // capacity: the ample capacity's in the CI profile (SignAndEncrypt breaks
@@ -241,7 +241,7 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 			Sessions:       load.Sessions(4, "step", load.Session{Outstanding: 2})}
 		figs := run(ctx, e, rec, p)
 		spec.Judge(ctx, property, cond.Name, rec, figs, checks...)
-	}, spec.Entries(toxics.CI(), []server.Fault{server.FaultLostWakeup, server.FaultLostResponse}, SpecTimeout(time.Minute)),
+	}, spec.Entries(toxics.CI(), []catalog.Fault{catalog.FaultLostWakeup, catalog.FaultLostResponse}, SpecTimeout(time.Minute)),
 		spec.Entries(secured, nil, SpecTimeout(time.Minute), spec.Nightly))
 
 	DescribeTable("keeps serving fast requests while other sessions' slow requests run", func(ctx SpecContext, cond toxics.Condition) {
