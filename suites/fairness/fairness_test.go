@@ -14,6 +14,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/report"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
@@ -61,7 +62,7 @@ func (t timeline) span() check.Span {
 // quiet is the assumption that the host left the run alone, over the
 // span's own windows: a window it disturbed is left out of the shares.
 func (t timeline) quiet() check.Spec {
-	q := spec.Quiet(t.span())
+	q := scenario.Quiet(t.span())
 	q.Stage = check.Assumption
 	return q
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/reconnect"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
@@ -296,7 +297,7 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 		// (the environment's start still runs in the engine; nothing is
 		// measured while the partition holds) nor after (the engine
 		// restarts the server: its CPU is the fault's own).
-		quiet := spec.Quiet(check.Span{From: quietFrom, To: quietTo, Window: 2 * time.Second})
+		quiet := scenario.Quiet(check.Span{From: quietFrom, To: quietTo, Window: 2 * time.Second})
 		quiet.Stage = check.Assumption
 		spec.Judge(ctx, property, cond.Name, rec, map[string]float64{"partition_ms": float64(part / time.Millisecond)},
 			reactivation, sequence,

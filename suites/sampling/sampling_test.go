@@ -12,6 +12,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/report"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/subscribe"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
@@ -139,7 +140,7 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 					// the host ran every thread over the sampling check's
 					// own windows: a hypervisor that steals timeslices
 					// makes the server's sampler skip ticks
-					spec.QuietFine(span),
+					scenario.QuietFine(span),
 					// the subscriber kept a Publish at the server: with
 					// none for longer than its items' queues hold (4
 					// publishing intervals, less one to wait for the
@@ -152,7 +153,7 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 			spec.Plan(checks(span)...)
 			// windows the host disturbed are left out of the fractions:
 			// the subscription goes on until 5 were quiet, at most 5 more
-			mq := spec.NewMeasureQuiet(rec, spec.QuietFine(span), span.Count)
+			mq := spec.NewMeasureQuiet(rec, scenario.QuietFine(span), span.Count)
 			_, err = spec.Apply(ctx, e, rec, cond)
 			Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
 

@@ -4,21 +4,27 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"testing"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
 const property = "wakeups"
+
+// h runs the suite's scenarios; spec.Bootstrap fills it before the first
+// spec.
+var h = spec.Bootstrap()
+
+func TestWakeups(t *testing.T) { spec.RunSuite(t, property) }
 
 // maxStall is the longest time requests may be outstanding with nothing
 // completing (issue: no stall window ≥ 500 ms). The idle gaps of the bursty
@@ -50,25 +56,6 @@ func securedShapes(capacity string, decorators ...any) []TableEntry {
 	return spec.Entries(secured, nil, append(decorators, spec.Nightly)...)
 }
 
-// start requires caps and what cond needs of the target (a spec the target
-// cannot run is skipped before anything starts), starts the environment
-// with the reference server's worker pool set to workers (ignored by other
-// targets) and applies cond.
-func start(ctx context.Context, cond toxics.Condition, workers int, caps ...string) (*env.Env, *history.Recorder) {
-	GinkgoHelper()
-	h.Require(spec.Needs(cond, caps...)...)
-	var opts []env.Option
-	if workers > 0 {
-		opts = append(opts, env.WithServerEnv(map[string]string{"OPCUA_WORKERS": fmt.Sprint(workers)}))
-	}
-	e, err := h.StartUnder(ctx, cond, opts...)
-	Expect(err).NotTo(HaveOccurred(), "start environment")
-	rec := h.NewRecorder(map[string]string{"condition": cond.Name, "security": cond.SecurityMode(), "workers": fmt.Sprint(workers)})
-	_, err = spec.Apply(ctx, e, rec, cond)
-	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
-	return e, rec
-}
-
 // stallCheck is the wakeup property: every request completes within a
 // bounded time, and no group (check.BySession or check.ByRun) waits
 // maxStall with requests outstanding and nothing completing.
@@ -92,18 +79,6 @@ func exactlyOnce(name string) check.Spec {
 // could not be opened.
 const readingSessionsFailed = "client.sessions_failed"
 
-// run runs the load p on e, its sessions on e's channel security, and
-// records how many of them could not be opened (sessionsOpened judges
-// it).
-func run(ctx context.Context, e *env.Env, rec *history.Recorder, p load.Profile) map[string]float64 {
-	GinkgoHelper()
-	p.Security = e.Security
-	st, err := load.Run(ctx, rec, p)
-	Expect(err).NotTo(HaveOccurred(), "run load %s", p.Name)
-	rec.Reading(readingSessionsFailed, float64(st.SessionsFailed))
-	return st.Figures()
-}
-
 // sessionsOpened is the check that every session of every load opened.
 func sessionsOpened(name string) check.Spec {
 	return check.Spec{Name: name, Config: check.ReadingsConfig{
@@ -112,40 +87,67 @@ func sessionsOpened(name string) check.Spec {
 	}}
 }
 
-var _ = Describe("No lost wakeups", spec.Property(property), func() {
-	It("keeps every request moving through a seeded nemesis schedule", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
-		runFor := spec.SoakFor()
-		e, rec := start(ctx, toxics.Scheduled, 0)
-		// Nothing in the schedule closes a connection: every request
-		// completes exactly once, none fails, and no session waits 2 s
-		// with requests outstanding and nothing completing.
-		checks := []check.Spec{
+// wakeup is the scenario name under cond with the wakeup checks (named
+// after it; progress judged per groupBy) and the reference server's
+// worker pool set to workers (0: its default; other targets ignore it).
+func wakeup(name string, cond toxics.Condition, workers int, groupBy string, w scenario.Workload) scenario.Scenario {
+	s := scenario.Scenario{
+		Property: property, Name: name, Condition: cond, Workload: w,
+		Labels: map[string]string{"workers": fmt.Sprint(workers)},
+		Checks: []check.Spec{stallCheck(name, groupBy, history.KindRead),
+			{Name: name + "-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce(name + "-exactly-once"), sessionsOpened(name + "-sessions")},
+	}
+	if workers > 0 {
+		s.Server = map[string]string{"OPCUA_WORKERS": fmt.Sprint(workers)}
+	}
+	return s
+}
+
+// drive runs the load p on r's target, its sessions on the target's
+// channel security, records how many of them could not be opened
+// (sessionsOpened judges it) and reports the load's figures under prefix.
+func drive(ctx context.Context, r *scenario.Run, prefix string, p load.Profile) error {
+	p.Security = r.Env.Security
+	st, err := load.Run(ctx, r.Rec, p)
+	if err != nil {
+		return fmt.Errorf("run load %s: %w", p.Name, err)
+	}
+	r.Rec.Reading(readingSessionsFailed, float64(st.SessionsFailed))
+	r.AddFigures(prefix, st.Figures())
+	return nil
+}
+
+// nemesisSchedule keeps every request moving through a seeded nemesis
+// schedule. Nothing in the schedule closes a connection: every request
+// completes exactly once, none fails, and no session waits 2 s with
+// requests outstanding and nothing completing.
+func nemesisSchedule(runFor time.Duration) scenario.Scenario {
+	s := scenario.Scenario{
+		Property: property, Name: "nemesis", Condition: toxics.Scheduled, Schedule: runFor - 5*time.Second,
+		Checks: []check.Spec{
 			{Name: "nemesis-stall", Config: check.StallConfig{GroupBy: check.BySession, MaxStall: 2 * time.Second, Kinds: []history.Kind{history.KindRead}}},
 			{Name: "nemesis-errors", Config: check.ErrorBudgetConfig{}},
 			{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead}}},
 			sessionsOpened("nemesis-sessions"),
-		}
-		spec.Plan(checks...)
-		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
-		p := load.Pipelined(e.Endpoint, 10, 50)
+		},
+	}
+	s.Workload = func(ctx context.Context, r *scenario.Run) error {
+		p := load.Pipelined(r.Env.Endpoint, 10, 50)
 		p.Name, p.Duration, p.RequestTimeout = "nemesis", runFor, 30*time.Second
-		figs := run(ctx, e, rec, p)
-		Expect(wait()).To(Succeed(), "nemesis schedule")
-		figs["nemesis.steps"] = float64(steps)
-		spec.Judge(ctx, property, toxics.Scheduled.Name, rec, figs, checks...)
-	}, spec.SoakTimeout(2*time.Minute))
+		return drive(ctx, r, "", p)
+	}
+	return s
+}
 
-	DescribeTable("completes bursts separated by idle gaps, with few workers that park often", func(ctx SpecContext, cond toxics.Condition) {
-		e, rec := start(ctx, cond, 2)
-		checks := []check.Spec{stallCheck("bursty", check.BySession, history.KindRead),
-			{Name: "bursty-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce("bursty-exactly-once"), sessionsOpened("bursty-sessions")}
-		spec.Plan(checks...)
-		// Seeded from the suite seed: replay with --seed.
-		rng := rand.New(rand.NewPCG(uint64(GinkgoRandomSeed()), 0x5eed))
-		// 4 s: every session wakes the server 3–6 times (idle gaps
-		// of 0.6–1.2 s), 18–36 wakeups of parked workers per spec; a
-		// lost one stalls its session for the rest of the run.
-		p := load.Profile{Name: "bursty", Endpoint: e.Endpoint, Duration: 4 * time.Second}
+// bursty completes bursts separated by idle gaps, with few workers that
+// park often. 4 s: every session wakes the server 3–6 times (idle gaps of
+// 0.6–1.2 s), 18–36 wakeups of parked workers per spec; a lost one stalls
+// its session for the rest of the run. The gaps are drawn from the run's
+// seed: replay with --seed.
+func bursty(cond toxics.Condition) scenario.Scenario {
+	return wakeup("bursty", cond, 2, check.BySession, func(ctx context.Context, r *scenario.Run) error {
+		rng := rand.New(rand.NewPCG(uint64(r.Seed), 0x5eed))
+		p := load.Profile{Name: "bursty", Endpoint: r.Env.Endpoint, Duration: 4 * time.Second}
 		gaps := map[string]float64{}
 		for i := range 6 {
 			idle := time.Duration(600+rng.IntN(600)) * time.Millisecond
@@ -157,10 +159,93 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 				Open: &load.OpenLoop{Rate: 200, Active: active, Idle: idle, Burst: 1 + rng.IntN(8), MaxOutstanding: 200},
 			})
 		}
-		rec.SetLabel("profile", fmt.Sprint(gaps))
-		figs := run(ctx, e, rec, p)
-		spec.Judge(ctx, property, cond.Name, rec, figs, checks...)
-	}, spec.Entries(toxics.CI(), catches, SpecTimeout(time.Minute)),
+		r.Rec.SetLabel("profile", fmt.Sprint(gaps))
+		return drive(ctx, r, "", p)
+	})
+}
+
+// shapes completes pipelines of shapes 1×200, 10×100 and 64×1 with the
+// server's capacity (its worker pool: 0 is its default, ample). 1.5 s a
+// shape: every worker parks and wakes thousands of times in it (a few ms
+// a request); the lost-wakeup fault stalled the pipeline within the first
+// shape at 2 s a shape.
+//
+// Progress is judged over the whole server: with one worker, 1 000
+// requests queue in one owner's FIFO in blocks of a session's pipeline,
+// so a session waits for the other sessions' blocks (≈ 900 requests,
+// 200–500 ms under 0.5 CPU) without any wakeup being lost. The seed's
+// stall (an emptied owner left with no turn) stops the whole pipeline; a
+// session starved for good fails MaxLatency.
+func shapes(capacity string, workers int) func(toxics.Condition) scenario.Scenario {
+	return func(cond toxics.Condition) scenario.Scenario {
+		return wakeup("shapes-"+capacity, cond, workers, check.ByRun, func(ctx context.Context, r *scenario.Run) error {
+			for _, shape := range []struct{ sessions, outstanding int }{{1, 200}, {10, 100}, {64, 1}} {
+				name := fmt.Sprintf("%dx%d", shape.sessions, shape.outstanding)
+				r.Rec.Mark("shape "+name, "")
+				p := load.Pipelined(r.Env.Endpoint, shape.sessions, shape.outstanding)
+				p.Name, p.Duration = name, 1500*time.Millisecond
+				for i := range p.Sessions {
+					p.Sessions[i].Name = fmt.Sprintf("%s-%02d", name, i)
+				}
+				if err := drive(ctx, r, name+".", p); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+}
+
+// lockstep answers every round of lockstep requests, the server drained
+// between rounds. 4 sessions send 2 requests each at once, and the next
+// round only when all 8 are answered: every round ends with the server's
+// queue empty and its workers parked, so a request a parked worker was
+// never woken for has no later arrival to rescue it. In the other
+// scenarios arrivals never stop, and the same fault stalls only when the
+// race falls on the last request before a pause. Hundreds of rounds a
+// second at baseline, ~20 under latency; the in-process reference server
+// with the lost-wakeup fault stranded a request in 12 of 12 runs of 1.5 s
+// (2 and 8 workers, 1–4 requests a session).
+//
+// A round still waiting after a second gets a nudge: one more request,
+// which wakes a parked worker. A stranded request is then answered, 1 s
+// late, and the stall check names the wait a stall a nudge ended (a lost
+// wakeup); a response the server dropped is not brought by it and stays a
+// lost response at the request timeout (3 s, well past the nudge). A
+// clean round takes milliseconds (~100 ms under latency+cpu), so a clean
+// server is never nudged; a wait of 1 s is twice maxStall and fails the
+// stall check anyway.
+func lockstep(cond toxics.Condition) scenario.Scenario {
+	return wakeup("lockstep", cond, 0, check.ByRun, func(ctx context.Context, r *scenario.Run) error {
+		return drive(ctx, r, "", load.Profile{Name: "lockstep", Endpoint: r.Env.Endpoint, Duration: time.Second, Lockstep: true,
+			Nudge: time.Second, RequestTimeout: 3 * time.Second,
+			Sessions: load.Sessions(4, "step", load.Session{Outstanding: 2})})
+	})
+}
+
+// headOfLine keeps serving fast requests while other sessions' slow
+// requests run: 4 sessions keep one 1 s request each in flight; a server
+// that serves requests one at a time (head-of-line blocking) leaves the
+// fast session waiting a second. 3 s: three rounds of the slow requests;
+// serial dispatch stalls the fast session a whole second in each.
+func headOfLine(cond toxics.Condition) scenario.Scenario {
+	s := wakeup("head-of-line", cond, 0, check.BySession, func(ctx context.Context, r *scenario.Run) error {
+		p := load.Profile{Name: "head-of-line", Endpoint: r.Env.Endpoint, Duration: 3 * time.Second}
+		p.Sessions = append(load.Sessions(4, "slow", load.Session{Outstanding: 1, Requests: []load.Request{load.SlowRead(time.Second)}}),
+			load.Session{Name: "fast", Outstanding: 4})
+		return drive(ctx, r, "", p)
+	})
+	s.Requires = []string{"service-time"}
+	return s
+}
+
+var _ = Describe("No lost wakeups", spec.Property(property), func() {
+	It("keeps every request moving through a seeded nemesis schedule", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
+		h.Run(ctx, nemesisSchedule(spec.SoakFor()))
+	}, spec.SoakTimeout(2*time.Minute))
+
+	DescribeTable("completes bursts separated by idle gaps, with few workers that park often", h.Scenario(bursty),
+		spec.Entries(toxics.CI(), catches, SpecTimeout(time.Minute)),
 		spec.Entries(secured, nil, SpecTimeout(time.Minute), spec.Nightly))
 
 	for _, capacity := range []struct {
@@ -169,96 +254,19 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 	}{{"ample", 0}, {"scarce", 1}} {
 		// catches fault lost-response (shapes-*-exactly-once, shapes-*-errors: lost responses)
 		// catches fault crypto-in-gate, ample capacity under SignAndEncrypt (shapes-ample: a stall)
-		DescribeTable(fmt.Sprintf("completes pipelines of shapes 1×200, 10×100 and 64×1 with %s server capacity", capacity.name), func(ctx SpecContext, cond toxics.Condition) {
-			e, rec := start(ctx, cond, capacity.workers)
-			prefix := "shapes-" + capacity.name
-			checks := []check.Spec{stallCheck(prefix, check.ByRun, history.KindRead),
-				{Name: prefix + "-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce(prefix + "-exactly-once"), sessionsOpened(prefix + "-sessions")}
-			spec.Plan(checks...)
-			figs := map[string]float64{}
-			for _, shape := range []struct{ sessions, outstanding int }{{1, 200}, {10, 100}, {64, 1}} {
-				name := fmt.Sprintf("%dx%d", shape.sessions, shape.outstanding)
-				By("driving " + name)
-				rec.Mark("shape "+name, "")
-				p := load.Pipelined(e.Endpoint, shape.sessions, shape.outstanding)
-				// 1.5 s a shape: every worker parks and wakes
-				// thousands of times in it (a few ms a request);
-				// the lost-wakeup fault stalled the pipeline
-				// within the first shape at 2 s a shape
-				p.Name, p.Duration = name, 1500*time.Millisecond
-				for i := range p.Sessions {
-					p.Sessions[i].Name = fmt.Sprintf("%s-%02d", name, i)
-				}
-				for k, v := range run(ctx, e, rec, p) {
-					figs[name+"."+k] = v
-				}
-			}
-			// Progress is judged over the whole server: with one
-			// worker, 1 000 requests queue in one owner's FIFO in
-			// blocks of a session's pipeline, so a session waits
-			// for the other sessions' blocks (≈ 900 requests,
-			// 200–500 ms under 0.5 CPU) without any wakeup being
-			// lost. The seed's stall (an emptied owner left with
-			// no turn) stops the whole pipeline; a session starved
-			// for good fails MaxLatency.
-			spec.Judge(ctx, property, cond.Name, rec, figs, checks...)
-		}, spec.Entries(toxics.CI(), catches, SpecTimeout(90*time.Second)),
+		DescribeTable(fmt.Sprintf("completes pipelines of shapes 1×200, 10×100 and 64×1 with %s server capacity", capacity.name),
+			h.Scenario(shapes(capacity.name, capacity.workers)),
+			spec.Entries(toxics.CI(), catches, SpecTimeout(90*time.Second)),
 			// SignAndEncrypt breaks deep pipelines first: the ample
 			// capacity's shapes under it are in the CI profile
 			securedShapes(capacity.name, SpecTimeout(90*time.Second)))
-
 	}
 
-	DescribeTable("answers every round of lockstep requests, the server drained between rounds", func(ctx SpecContext, cond toxics.Condition) {
-		e, rec := start(ctx, cond, 0)
-		checks := []check.Spec{stallCheck("lockstep", check.ByRun, history.KindRead),
-			{Name: "lockstep-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce("lockstep-exactly-once"), sessionsOpened("lockstep-sessions")}
-		spec.Plan(checks...)
-		// 4 sessions send 2 requests each at once, and the next round
-		// only when all 8 are answered: every round ends with the
-		// server's queue empty and its workers parked, so a request a
-		// parked worker was never woken for has no later arrival to
-		// rescue it. In the other specs arrivals never stop, and the
-		// same fault stalls only when the race falls on the last
-		// request before a pause. Hundreds of rounds a second at
-		// baseline, ~20 under latency; the in-process reference server
-		// with the lost-wakeup fault stranded a request in 12 of 12
-		// runs of 1.5 s (2 and 8 workers, 1–4 requests a session).
-		//
-		// A round still waiting after a second gets a nudge: one more
-		// request, which wakes a parked worker. A stranded request is
-		// then answered, 1 s late, and the stall check names the wait
-		// a stall a nudge ended (a lost wakeup); a response the server
-		// dropped is not brought by it and stays a lost response at the
-		// request timeout. A clean round takes milliseconds (~100 ms
-		// under latency+cpu), so a clean server is never nudged; a wait
-		// of 1 s is twice maxStall and fails the stall check anyway.
-		p := load.Profile{Name: "lockstep", Endpoint: e.Endpoint, Duration: time.Second, Lockstep: true,
-			Nudge: time.Second,
-			// well past the nudge: a dropped response costs 3 s,
-			// not the default 10 s
-			RequestTimeout: 3 * time.Second,
-			Sessions:       load.Sessions(4, "step", load.Session{Outstanding: 2})}
-		figs := run(ctx, e, rec, p)
-		spec.Judge(ctx, property, cond.Name, rec, figs, checks...)
-	}, spec.Entries(toxics.CI(), []catalog.Fault{catalog.FaultLostWakeup, catalog.FaultLostResponse}, SpecTimeout(time.Minute)),
+	DescribeTable("answers every round of lockstep requests, the server drained between rounds", h.Scenario(lockstep),
+		spec.Entries(toxics.CI(), []catalog.Fault{catalog.FaultLostWakeup, catalog.FaultLostResponse}, SpecTimeout(time.Minute)),
 		spec.Entries(secured, nil, SpecTimeout(time.Minute), spec.Nightly))
 
-	DescribeTable("keeps serving fast requests while other sessions' slow requests run", func(ctx SpecContext, cond toxics.Condition) {
-		e, rec := start(ctx, cond, 0, "service-time")
-		checks := []check.Spec{stallCheck("head-of-line", check.BySession, history.KindRead),
-			{Name: "head-of-line-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce("head-of-line-exactly-once"), sessionsOpened("head-of-line-sessions")}
-		spec.Plan(checks...)
-		// 4 sessions keep one 1 s request each in flight; a
-		// server that serves requests one at a time (head-of-line
-		// blocking) leaves the fast session waiting a second.
-		// 3 s: three rounds of the slow requests; serial dispatch
-		// stalls the fast session a whole second in each
-		p := load.Profile{Name: "head-of-line", Endpoint: e.Endpoint, Duration: 3 * time.Second}
-		p.Sessions = append(load.Sessions(4, "slow", load.Session{Outstanding: 1, Requests: []load.Request{load.SlowRead(time.Second)}}),
-			load.Session{Name: "fast", Outstanding: 4})
-		figs := run(ctx, e, rec, p)
-		spec.Judge(ctx, property, cond.Name, rec, figs, checks...)
-	}, spec.Entries(toxics.CI(), catches, SpecTimeout(time.Minute)),
+	DescribeTable("keeps serving fast requests while other sessions' slow requests run", h.Scenario(headOfLine),
+		spec.Entries(toxics.CI(), catches, SpecTimeout(time.Minute)),
 		spec.Entries(secured, nil, SpecTimeout(time.Minute), spec.Nightly))
 })
