@@ -45,22 +45,23 @@ const (
 	FaultUnboundedIdle Fault = "unbounded-idle"
 	// FaultSamplerSkips makes the sampler never sample the targets at
 	// positions ≡ 7 (mod 64) of each sampling-interval group, in the order
-	// they were added (subscription.SkipModulus, SkipResidue): 16 of 1024
-	// items created together are never sampled, while a lone item (position
-	// 0) is sampled normally.
+	// they were added (the server's subscription.SkipModulus and
+	// SkipResidue): 16 of 1024 items created together are never sampled,
+	// while a lone item (position 0) is sampled normally.
 	FaultSamplerSkips Fault = "sampler-skips"
 	// FaultCloseRunsQueued makes CloseSession answer Good but leave the
 	// session's queued requests in the queue; workers run them afterwards
 	// and answer them Good, as if the session were still open.
 	FaultCloseRunsQueued Fault = "close-runs-queued"
-	// FaultLostResponse drops the answer to every LostResponseEvery-th Read
-	// request of each secure channel: no response is sent, its pending
-	// slot is released, and the channel stays open.
+	// FaultLostResponse drops the answer to every
+	// server.LostResponseEvery-th Read request of each secure channel: no
+	// response is sent, its pending slot is released, and the channel stays
+	// open.
 	FaultLostResponse Fault = "lost-response"
-	// FaultRetainMemory keeps RetainPerRequest bytes per served Read
+	// FaultRetainMemory keeps server.RetainPerRequest bytes per served Read
 	// request forever (a leak); backpressure works unchanged.
 	FaultRetainMemory Fault = "retain-memory"
-	// FaultSlowLeak keeps SlowLeakPerRequest bytes per served Read
+	// FaultSlowLeak keeps server.SlowLeakPerRequest bytes per served Read
 	// request forever: a leak too slow for the 10-second CI runs' memory
 	// bounds, the kind a soak's trend finds (with allocation overhead
 	// about 300 MiB/min at 32 000 Reads/s).
@@ -103,11 +104,11 @@ const (
 	// FaultSessionsNeverExpire never closes a session whose timeout
 	// passed without a request: abandoned sessions pile up.
 	FaultSessionsNeverExpire Fault = "sessions-never-expire"
-	// FaultSkippedSequence skips every SkipSequenceEvery-th notification
+	// FaultSkippedSequence skips every server.SkipSequenceEvery-th notification
 	// message sequence number of a subscription: the number is never sent
 	// nor listed in AvailableSequenceNumbers.
 	FaultSkippedSequence Fault = "skipped-sequence"
-	// FaultDuplicateSamples queues every DuplicateSampleEvery-th sample of
+	// FaultDuplicateSamples queues every server.DuplicateSampleEvery-th sample of
 	// a monitored item twice: the client receives a notification the item
 	// never had (the same value and source timestamp again).
 	FaultDuplicateSamples Fault = "duplicate-samples"
@@ -189,7 +190,7 @@ const (
 	// certificate (Part 4, 5.6.2 allows it; open62541 does so).
 	QuirkNoCertOnNone Quirk = "no-cert-on-none"
 	// QuirkMinSampling50ms revises every requested sampling interval below
-	// MinSamplingQuirk up to it (open62541's default minimum sampling
+	// server.MinSamplingQuirk up to it (open62541's default minimum sampling
 	// interval); Part 4, 5.12.1.2 lets the server revise it.
 	QuirkMinSampling50ms Quirk = "min-sampling-50ms"
 	// QuirkRetainFreedMemory keeps memory freed after a burst with the

@@ -296,7 +296,7 @@ func (v *victim) read(ctx context.Context) bool {
 // channel stays open until they are answered) and closes the client.
 func (v *victim) close(ctx context.Context) {
 	v.closing.Store(true)
-	ref := v.rec.Invoke(v.op(check.KindCloseSession, ""))
+	ref := v.rec.Invoke(v.op(history.KindCloseSession, ""))
 	if err := v.c.CloseSession(ctx); err != nil {
 		v.rec.Fail(ref, 0, err)
 	} else {
@@ -566,7 +566,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 			// a closed session's reads are answered (BadSessionClosed
 			// if still queued); dead connections only in the toxics
 			{Name: "race-victims-errors", Config: check.ErrorBudgetConfig{
-				Kinds:   []history.Kind{kindVictim, check.KindCloseSession},
+				Kinds:   []history.Kind{kindVictim, history.KindCloseSession},
 				Allowed: check.Codes{ua.StatusBadSessionClosed, ua.StatusBadSessionIDInvalid},
 				Excuse:  []string{faultTimeout, faultReset}, Grace: 2 * time.Second,
 			}},
@@ -717,7 +717,7 @@ var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
 		// and a baseline that mixes both failed clean runs.
 		var backlogClose history.Op
 		for op := range rec.History().AllOps() {
-			if op.Session == backlog.name && op.Kind == check.KindCloseSession {
+			if op.Session == backlog.name && op.Kind == history.KindCloseSession {
 				backlogClose = op
 			}
 		}

@@ -9,7 +9,6 @@ import (
 	"github.com/gopcua/opcua/ua"
 	. "github.com/onsi/ginkgo/v2"
 
-	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/probe"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/reconnect"
@@ -73,7 +72,7 @@ func declaredUser() (target.User, bool) {
 // anonymousTransfer asks, from a new anonymous session on a channel
 // without security, for sub: a conformant server refuses with
 // BadUserAccessDenied (Part 4, 5.14.7.1). The answer is a
-// check.KindTransferRefusal op, judged by check.TransferRefusal; a server
+// history.KindTransferRefusal op, judged by check.TransferRefusal; a server
 // that offers no channel without security is not asked (no op).
 func anonymousTransfer(ctx context.Context, rec *history.Recorder, endpoint string, sub *reconnect.Subscription) {
 	octx, cancel := context.WithTimeout(ctx, maxServe)
@@ -88,7 +87,7 @@ func anonymousTransfer(ctx context.Context, rec *history.Recorder, endpoint stri
 		defer cancel()
 		_ = c.Close(cctx)
 	}()
-	ref := rec.Invoke(history.Op{Client: "c3", Session: "s3-anonymous", Kind: check.KindTransferRefusal, Node: sub.Label})
+	ref := rec.Invoke(history.Op{Client: "c3", Session: "s3-anonymous", Kind: history.KindTransferRefusal, Node: sub.Label})
 	var resp ua.Response
 	err = c.Send(octx, &ua.TransferSubscriptionsRequest{SubscriptionIDs: []uint32{sub.ID}}, func(r ua.Response) error { resp = r; return nil })
 	if err == nil {
