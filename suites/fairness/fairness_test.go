@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"testing"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -21,6 +22,13 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
+
+const property = "fairness"
+
+// h starts environments; spec.Bootstrap fills it before the first spec.
+var h = spec.Bootstrap()
+
+func TestFairness(t *testing.T) { spec.RunSuite(t, property) }
 
 // timeline is the course of a fairness run: a warm-up, then the judged
 // windows.
@@ -310,10 +318,10 @@ func weighted(ctx context.Context, cond toxics.Condition, sh shape, tl timeline)
 		{heavy.Name, heavy.Password, 4},
 		{light.Name, light.Password, 4},
 	})
-	spec.Judge(ctx, "fairness", cond.Name, rec, figs, checks(ran)...)
+	spec.Judge(ctx, property, cond.Name, rec, figs, checks(ran)...)
 }
 
-var _ = Describe("Fairness", spec.Property("fairness"), func() {
+var _ = Describe("Fairness", spec.Property(property), func() {
 	It(fmt.Sprintf("serves owners weighted 1:3 through a seeded nemesis schedule, worker-bound (median of %d windows)", soakRun.windows), Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
 		spec.SoakFor() // fails the spec on a bad SOAK value; soakRun has its length
 		weighted(ctx, toxics.Scheduled, workerBound, soakRun)
@@ -344,7 +352,7 @@ var _ = Describe("Fairness", spec.Property("fairness"), func() {
 			{flood.Name, flood.Password, 8},
 			{victim.Name, victim.Password, 2},
 		})
-		spec.Judge(ctx, "fairness", cond.Name, rec, figs, checks(ran)...)
+		spec.Judge(ctx, property, cond.Name, rec, figs, checks(ran)...)
 	}, spec.Entries(toxics.CI(), isolationCatches, SpecTimeout(2*time.Minute)),
 		spec.Entries(secured, nil, SpecTimeout(2*time.Minute), spec.Nightly))
 
