@@ -3,11 +3,11 @@ package sampling_test
 import (
 	"context"
 	"fmt"
+	"testing"
 	"time"
 
 	"github.com/gopcua/opcua/ua"
 	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
@@ -20,8 +20,15 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
+const property = "sampling"
+
+// h runs the suite's scenarios; spec.Bootstrap fills it before the first
+// spec.
+var h = spec.Bootstrap()
+
+func TestSampling(t *testing.T) { spec.RunSuite(t, property) }
+
 const (
-	property = "sampling"
 	// interval is 100 Hz sampling (the o6 criterion).
 	interval = 10 * time.Millisecond
 	// publishing batches samples; the queue holds four intervals of them.
@@ -49,29 +56,50 @@ var catches = []catalog.Fault{catalog.FaultSamplingDrift, catalog.FaultPublishDr
 // Publish ops and listed sequence numbers).
 const subscription = "sub"
 
-var _ = Describe("100 Hz sampling", spec.Property(property), func() {
-	It("samples 1024 items at 10 ms through a seeded nemesis schedule and recovers its rate after every fault", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
-		runFor := spec.SoakFor()
-		const (
-			items  = 1024
-			window = time.Second
-			// grace after each fault: the publish backlog of a throttled
-			// link drains, a starved sampler is back on its grid.
-			grace = time.Second
-		)
-		h.Require("sampling")
-		pattern := h.Setup.Target.SampleNode
-		e, err := h.Start(ctx)
-		Expect(err).NotTo(HaveOccurred(), "start environment")
-		rec := h.NewRecorder(map[string]string{"condition": toxics.Scheduled.Name, "items": fmt.Sprint(items)})
-		c, err := uaclient.Open(ctx, e.Endpoint)
-		Expect(err).NotTo(HaveOccurred(), "open session")
-		DeferCleanup(func(ctx context.Context) { _ = c.Close(ctx) }, NodeTimeout(10*time.Second))
-		// Samples lost during a fault (and its grace) are excused; in the
-		// quiet parts between faults every item must be back at ≥ 99 %: a
-		// sampler that drifts or stays behind after starvation fails there.
-		span := check.Span{From: warmup, To: runFor - window, Window: window}
-		checks := []check.Spec{
+// sessionCloseTimeout bounds closing the driver's session once its
+// subscription ended.
+const sessionCloseTimeout = 10 * time.Second
+
+// openSession opens the driver's session on endpoint (with opts) and
+// returns it with its close, bounded by sessionCloseTimeout even when ctx
+// has ended.
+func openSession(ctx context.Context, endpoint string, opts ...uaclient.Option) (*uaclient.Client, func(), error) {
+	c, err := uaclient.Open(ctx, endpoint, opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sessionCloseTimeout)
+		defer cancel()
+		_ = c.Close(cctx)
+	}, nil
+}
+
+// sampledNode returns the node of the i-th sampled counter of a target
+// whose counters are named by pattern (target.Profile.SampleNode).
+func sampledNode(pattern string) func(i int) *ua.NodeID {
+	return func(i int) *ua.NodeID { return ua.MustParseNodeID(fmt.Sprintf(pattern, i)) }
+}
+
+// nemesisSchedule samples 1024 items at 10 ms through a seeded nemesis
+// schedule of runFor less 5 s and recovers its rate after every fault.
+// Samples lost during a fault (and its grace) are excused; in the quiet
+// parts between faults every item must be back at ≥ 99 %: a sampler that
+// drifts or stays behind after starvation fails there.
+func nemesisSchedule(runFor time.Duration) scenario.Scenario {
+	const (
+		items  = 1024
+		window = time.Second
+		// grace after each fault: the publish backlog of a throttled
+		// link drains, a starved sampler is back on its grid.
+		grace = time.Second
+	)
+	span := check.Span{From: warmup, To: runFor - window, Window: window}
+	s := scenario.Scenario{
+		Property: property, Name: "nemesis", Condition: toxics.Scheduled, Requires: []string{"sampling"},
+		Schedule: runFor - 5*time.Second,
+		Labels:   map[string]string{"items": fmt.Sprint(items)},
+		Checks: []check.Spec{
 			{Name: "nemesis-items", Config: check.SamplingConfig{
 				Span: span, Interval: interval, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.99,
 				Excuse: []string{"*"}, Grace: grace,
@@ -89,95 +117,129 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 			{Name: "nemesis-sequence", Config: check.SequenceConfig{
 				Subscriptions: []string{subscription}, Excuse: []string{"*"}, Grace: grace,
 			}},
+		},
+	}
+	s.Workload = func(ctx context.Context, r *scenario.Run) error {
+		c, closeSession, err := openSession(ctx, r.Env.Endpoint)
+		if err != nil {
+			return fmt.Errorf("open session: %w", err)
 		}
-		spec.Plan(checks...)
-		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
-		st, err := subscribe.Run(ctx, rec, c, subscribe.Config{
+		defer closeSession()
+		st, err := subscribe.Run(ctx, r.Rec, c, subscribe.Config{
 			Client: subscription, Items: items,
-			Node: func(i int) *ua.NodeID { return ua.MustParseNodeID(fmt.Sprintf(pattern, i)) }, Sampling: interval, Publishing: publishing,
+			Node: sampledNode(r.Env.Profile().SampleNode), Sampling: interval, Publishing: publishing,
 			Outstanding: 4, Duration: runFor,
 		})
-		Expect(err).NotTo(HaveOccurred(), "subscribe")
-		Expect(wait()).To(Succeed(), "nemesis schedule")
-		figs := st.Figures()
-		figs["nemesis.steps"] = float64(steps)
-		spec.Judge(ctx, property, toxics.Scheduled.Name, rec, figs, checks...)
+		if err != nil {
+			return fmt.Errorf("subscribe: %w", err)
+		}
+		r.AddFigures("", st.Figures())
+		return nil
+	}
+	return s
+}
+
+// samplingChecks are the checks of a subscription to items sampled
+// counters, judged over span.
+func samplingChecks(items int, span check.Span) []check.Spec {
+	return []check.Spec{
+		{Name: fmt.Sprintf("items-%d", items), Config: check.SamplingConfig{
+			Span:     span,
+			Interval: interval, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.99,
+		}},
+		{Name: fmt.Sprintf("items-%d-publish", items), Config: check.ErrorBudgetConfig{
+			// Publish requests still out when the run ends are
+			// abandoned by the client, not lost: judge the span.
+			Span: span, Kinds: []history.Kind{history.KindPublish}}},
+		// every notification message of the whole run
+		// arrives: the driver acknowledges each, so a number
+		// it never got was skipped by the server (never
+		// listed available) or lost on the way; the one in
+		// flight when the driver stopped is not judged
+		{Name: fmt.Sprintf("items-%d-sequence", items), Config: check.SequenceConfig{Subscriptions: []string{subscription}}},
+		// the server samples at the interval asked for
+		{Name: fmt.Sprintf("items-%d-interval", items), Config: check.ReadingsConfig{
+			Reading: readingRevisedSampling, Max: check.Bound(float64(interval) / float64(time.Millisecond)), Required: true,
+			What: "revised sampling interval in ms", Discrete: true,
+		}},
+		// the host ran every thread over the sampling check's
+		// own windows: a hypervisor that steals timeslices
+		// makes the server's sampler skip ticks
+		scenario.QuietFine(span),
+		// the subscriber kept a Publish at the server: with
+		// none for longer than its items' queues hold (4
+		// publishing intervals, less one to wait for the
+		// timer) a conformant server discards samples
+		check.Assume(fmt.Sprintf("items-%d-publishing", items), check.PublishCoverageConfig{
+			Span: span, Client: "sub", MaxIdle: 3 * publishing,
+		}),
+	}
+}
+
+// delivers returns the scenario, under a condition, that delivers ≥ 99 %
+// of the samples of each of items sampled counters at 10 ms: the
+// subscription runs over warmup and 5 judged windows of a second. Windows
+// the host disturbed are left out of the fractions: the subscription goes
+// on until 5 were quiet, at most 5 more, and the checks are judged over
+// the windows it covered (samplingChecks, planned once the subscription
+// ended, whatever ended it).
+func delivers(items int) func(toxics.Condition) scenario.Scenario {
+	return func(cond toxics.Condition) scenario.Scenario {
+		span := check.Span{From: warmup, To: warmup + judged, Count: 5}
+		// Both specs subscribe to the target's sampled counters.
+		s := scenario.Scenario{
+			Property: property, Name: fmt.Sprintf("items-%d", items), Condition: cond, Requires: []string{"sampling"},
+			Labels: map[string]string{"items": fmt.Sprint(items)},
+		}
+		s.Workload = func(ctx context.Context, r *scenario.Run) error {
+			// windows the host disturbed are left out of the fractions:
+			// the subscription goes on until 5 were quiet, at most 5 more
+			mq := spec.NewMeasureQuiet(r.Rec, scenario.QuietFine(span), span.Count)
+			// The checks' windows are those the subscription covered,
+			// known once it ended; planned on every way out, so that a
+			// run cut short keeps them with its evidence.
+			defer func() { r.Check(samplingChecks(items, mq.Span(span))...) }()
+
+			c, closeSession, err := openSession(ctx, r.Env.Endpoint, uaclient.Security(r.Env.Security))
+			if err != nil {
+				return fmt.Errorf("open session (%s): %w", r.Env.Security, err)
+			}
+			defer closeSession()
+
+			// Several Publish requests outstanding so a response in
+			// flight over a slow link never leaves the server
+			// without one.
+			st, err := subscribe.Run(ctx, r.Rec, c, subscribe.Config{
+				Client: subscription, Items: items,
+				Node: sampledNode(r.Env.Profile().SampleNode), Sampling: interval, Publishing: publishing,
+				// 0.5 s after the judged span: its last samples are
+				// published within a publishing interval (100 ms) and
+				// a link's 2×(20±5) ms
+				Outstanding: 4, Duration: warmup + judged + 500*time.Millisecond, Extend: mq.Extension(),
+			})
+			if err != nil {
+				return fmt.Errorf("subscribe: %w", err)
+			}
+			r.AddFigures("", st.Figures())
+			r.Figures[report.HostExtended] = float64(mq.Extended())
+			r.Rec.Reading(readingRevisedSampling, float64(st.RevisedSampling)/float64(time.Millisecond))
+			return nil
+		}
+		return s
+	}
+}
+
+var _ = Describe("100 Hz sampling", spec.Property(property), func() {
+	It("samples 1024 items at 10 ms through a seeded nemesis schedule and recovers its rate after every fault", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
+		h.Run(ctx, nemesisSchedule(spec.SoakFor()))
 	}, spec.SoakTimeout(2*time.Minute))
 
 	// With 1024 items: catches fault sampler-skips (items-1024:
 	// subscribed items that deliver no sample; the history names
 	// every item created, so check.Sampling judges each).
 	for _, items := range []int{1, 1024} {
-		DescribeTable(fmt.Sprintf("delivers ≥ 99 %% of the samples of each of %d item(s) at 10 ms", items), func(ctx SpecContext, cond toxics.Condition) {
-			// Both specs subscribe to the target's sampled counters.
-			h.Require(spec.Needs(cond, "sampling")...)
-			e, err := h.StartUnder(ctx, cond)
-			Expect(err).NotTo(HaveOccurred(), "start environment")
-			pattern := h.Setup.Target.SampleNode
-			rec := h.NewRecorder(map[string]string{"condition": cond.Name, "security": cond.SecurityMode(), "items": fmt.Sprint(items)})
-			span := check.Span{From: warmup, To: warmup + judged, Count: 5}
-			checks := func(span check.Span) []check.Spec {
-				return []check.Spec{
-					{Name: fmt.Sprintf("items-%d", items), Config: check.SamplingConfig{
-						Span:     span,
-						Interval: interval, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.99,
-					}},
-					{Name: fmt.Sprintf("items-%d-publish", items), Config: check.ErrorBudgetConfig{
-						// Publish requests still out when the run ends are
-						// abandoned by the client, not lost: judge the span.
-						Span: span, Kinds: []history.Kind{history.KindPublish}}},
-					// every notification message of the whole run
-					// arrives: the driver acknowledges each, so a number
-					// it never got was skipped by the server (never
-					// listed available) or lost on the way; the one in
-					// flight when the driver stopped is not judged
-					{Name: fmt.Sprintf("items-%d-sequence", items), Config: check.SequenceConfig{Subscriptions: []string{subscription}}},
-					// the server samples at the interval asked for
-					{Name: fmt.Sprintf("items-%d-interval", items), Config: check.ReadingsConfig{
-						Reading: readingRevisedSampling, Max: check.Bound(float64(interval) / float64(time.Millisecond)), Required: true,
-						What: "revised sampling interval in ms", Discrete: true,
-					}},
-					// the host ran every thread over the sampling check's
-					// own windows: a hypervisor that steals timeslices
-					// makes the server's sampler skip ticks
-					scenario.QuietFine(span),
-					// the subscriber kept a Publish at the server: with
-					// none for longer than its items' queues hold (4
-					// publishing intervals, less one to wait for the
-					// timer) a conformant server discards samples
-					check.Assume(fmt.Sprintf("items-%d-publishing", items), check.PublishCoverageConfig{
-						Span: span, Client: "sub", MaxIdle: 3 * publishing,
-					}),
-				}
-			}
-			spec.Plan(checks(span)...)
-			// windows the host disturbed are left out of the fractions:
-			// the subscription goes on until 5 were quiet, at most 5 more
-			mq := spec.NewMeasureQuiet(rec, scenario.QuietFine(span), span.Count)
-			_, err = spec.Apply(ctx, e, rec, cond)
-			Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
-
-			c, err := uaclient.Open(ctx, e.Endpoint, uaclient.Security(e.Security))
-			Expect(err).NotTo(HaveOccurred(), "open session (%s)", e.Security)
-			DeferCleanup(func(ctx context.Context) { _ = c.Close(ctx) }, NodeTimeout(10*time.Second))
-
-			// Several Publish requests outstanding so a response in
-			// flight over a slow link never leaves the server
-			// without one.
-			st, err := subscribe.Run(ctx, rec, c, subscribe.Config{
-				Client: subscription, Items: items,
-				Node: func(i int) *ua.NodeID { return ua.MustParseNodeID(fmt.Sprintf(pattern, i)) }, Sampling: interval, Publishing: publishing,
-				// 0.5 s after the judged span: its last samples are
-				// published within a publishing interval (100 ms) and
-				// a link's 2×(20±5) ms
-				Outstanding: 4, Duration: warmup + judged + 500*time.Millisecond, Extend: mq.Extension(),
-			})
-			Expect(err).NotTo(HaveOccurred(), "subscribe")
-			figs := st.Figures()
-			figs[report.HostExtended] = float64(mq.Extended())
-			rec.Reading(readingRevisedSampling, float64(st.RevisedSampling)/float64(time.Millisecond))
-			spec.Judge(ctx, property, cond.Name, rec, figs, checks(mq.Span(span))...)
-		}, spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)),
+		DescribeTable(fmt.Sprintf("delivers ≥ 99 %% of the samples of each of %d item(s) at 10 ms", items), h.Scenario(delivers(items)),
+			spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)),
 			spec.Entries(toxics.Secured(toxics.SecuritySignEncrypt, toxics.Baseline), nil, SpecTimeout(2*time.Minute), spec.Nightly))
 	}
 })
