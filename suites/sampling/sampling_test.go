@@ -181,7 +181,7 @@ func samplingChecks(items int, span check.Span) []check.Spec {
 // subscription runs over warmup and 5 judged windows of a second. Windows
 // the host disturbed are left out of the fractions: the subscription goes
 // on until 5 were quiet, at most 5 more, and the checks are judged over
-// the windows it covered (samplingChecks, planned once the subscription
+// the windows it covered (samplingChecks, revised once the subscription
 // ended, whatever ended it).
 func delivers(items int) func(toxics.Condition) scenario.Scenario {
 	return func(cond toxics.Condition) scenario.Scenario {
@@ -190,14 +190,16 @@ func delivers(items int) func(toxics.Condition) scenario.Scenario {
 		s := scenario.Scenario{
 			Property: property, Name: fmt.Sprintf("items-%d", items), Condition: cond, Requires: []string{"sampling"},
 			Labels: map[string]string{"items": fmt.Sprint(items)},
+			Checks: samplingChecks(items, span),
 		}
 		s.Workload = func(ctx context.Context, r *scenario.Run) error {
 			// windows the host disturbed are left out of the fractions:
 			// the subscription goes on until 5 were quiet, at most 5 more
 			mq := spec.NewMeasureQuiet(r.Rec, scenario.QuietFine(span), span.Count)
 			// The checks' windows are those the subscription covered,
-			// known once it ended; planned on every way out, so that a
-			// run cut short keeps them with its evidence.
+			// known once it ended: planned up front over the first 5,
+			// revised on every way out, so that a run cut short keeps
+			// the windows it covered with its evidence.
 			defer func() { r.Check(samplingChecks(items, mq.Span(span))...) }()
 
 			c, closeSession, err := openSession(ctx, r.Env.Endpoint, uaclient.Security(r.Env.Security))
