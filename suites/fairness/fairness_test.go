@@ -8,7 +8,6 @@ import (
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
@@ -155,68 +154,83 @@ type owner struct {
 	sessions int
 }
 
-// runShare drives every owner's sessions with deep pipelines of sh's
-// requests under cond, while recording the server's CPU and its owners'
-// queue counters into the history (the assumptions' readings), and
-// returns the recorder and the extra figures (load and server usage).
+// runShare is the workload of a share run: it drives every owner's
+// sessions with deep pipelines of sh's requests (the runner has put the
+// target under the run's condition), while recording the server's CPU and
+// its owners' queue counters into the history (the assumptions' readings),
+// and reports the extra figures (load and server usage).
 //
 // The load goes on past the planned windows while fewer than the planned
 // number of them were quiet (spec.MeasureQuiet, judged with the bounds of
 // tl's quiet assumption), at most as long again: windows the host
 // disturbed are left out of the shares, and the spec is judged on quiet
-// ones. The returned timeline has the windows the load covered.
-func runShare(ctx context.Context, e *env.Env, cond toxics.Condition, sh shape, tl timeline, owners []owner) (*history.Recorder, map[string]float64, timeline) {
-	GinkgoHelper()
-	rec := h.NewRecorder(map[string]string{"condition": cond.Name, "security": cond.SecurityMode()})
-	mq := spec.NewMeasureQuiet(rec, tl.quiet(), tl.windows)
-	if tl.nemesis {
-		// a soak needs a few quiet windows of its many, not all
-		mq.Want, mq.Extra = max(3, tl.windows/2), time.Duration(tl.windows/4)*tl.window
-	}
-	_, err := spec.Apply(ctx, e, rec, cond)
-	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
-	if n := measureCap(cond, sh); n > 0 && e.Server != nil {
-		// Not a fault: the measurement's setup, marked in the history.
-		_, err := e.LimitCPU(ctx, n)
-		Expect(err).NotTo(HaveOccurred(), "limit the server to %.2f cores", float64(n)/1e9)
-		rec.Mark("measure-cpu-cap", fmt.Sprintf("server limited to %.2f of %d cores so that the load driver and the proxy keep one", float64(n)/1e9, runtime.NumCPU()))
-	}
+// ones. The run's checks (checks of tl, planned before the load) are then
+// replaced (Run.Check, by name) by checks of the timeline with the windows
+// the load covered.
+func runShare(sh shape, tl timeline, owners []owner, checks func(timeline) []check.Spec) scenario.Workload {
+	return func(ctx context.Context, r *scenario.Run) error {
+		e, rec, cond := r.Env, r.Rec, r.Scenario.Condition
+		mq := spec.NewMeasureQuiet(rec, tl.quiet(), tl.windows)
+		if tl.nemesis {
+			// a soak needs a few quiet windows of its many, not all
+			mq.Want, mq.Extra = max(3, tl.windows/2), time.Duration(tl.windows/4)*tl.window
+		}
+		if n := measureCap(cond, sh); n > 0 && e.Server != nil {
+			// Not a fault: the measurement's setup, marked in the history.
+			if _, err := e.LimitCPU(ctx, n); err != nil {
+				return fmt.Errorf("limit the server to %.2f cores: %w", float64(n)/1e9, err)
+			}
+			rec.Mark("measure-cpu-cap", fmt.Sprintf("server limited to %.2f of %d cores so that the load driver and the proxy keep one", float64(n)/1e9, runtime.NumCPU()))
+		}
 
-	p := load.Profile{Name: "share", Endpoint: e.Endpoint, Duration: tl.runFor(), RequestTimeout: 30 * time.Second, Security: e.Security, Extend: mq.Extension()}
-	for _, o := range owners {
-		p.Sessions = append(p.Sessions, load.Sessions(o.sessions, o.user+"-", load.Session{
-			User: o.user, Password: o.password, Outstanding: deep,
-			Requests: []load.Request{sh.request},
-		})...)
+		p := load.Profile{Name: "share", Endpoint: e.Endpoint, Duration: tl.runFor(), RequestTimeout: 30 * time.Second, Security: e.Security, Extend: mq.Extension()}
+		for _, o := range owners {
+			p.Sessions = append(p.Sessions, load.Sessions(o.sessions, o.user+"-", load.Session{
+				User: o.user, Password: o.password, Outstanding: deep,
+				Requests: []load.Request{sh.request},
+			})...)
+		}
+		mon := spec.MonitorServer(ctx, e, rec)
+		var nodes []string
+		for _, o := range owners {
+			nodes = append(nodes, "Owner."+o.user+".Queued", "Owner."+o.user+".Emptied", "Owner."+o.user+".Dispatched")
+		}
+		sampler := watch.SampleDiagnostics(ctx, e, rec, sampleEvery, nodes...)
+		st, err := load.Run(ctx, rec, p)
+		if err != nil {
+			return fmt.Errorf("run load %s: %w", p.Name, err)
+		}
+		if _, err := sampler.Stop(); err != nil {
+			return fmt.Errorf("sample the server's queue depth: %w", err)
+		}
+		var us *env.UsageSummary
+		if mon != nil {
+			u, err := mon.Stop()
+			if err != nil {
+				return fmt.Errorf("sample server usage: %w", err)
+			}
+			us = &u
+		}
+		r.AddFigures("", spec.LoadFigures("", st, us))
+		r.Figures[report.HostExtended] = float64(mq.Extended())
+		tl.windows = mq.Windows()
+		r.Check(checks(tl)...) // same names: replaced in place
+		return nil
 	}
-	mon := spec.MonitorServer(ctx, e, rec)
-	var nodes []string
-	for _, o := range owners {
-		nodes = append(nodes, "Owner."+o.user+".Queued", "Owner."+o.user+".Emptied", "Owner."+o.user+".Dispatched")
+}
+
+// share is the scenario of a share run named name under cond: the checks
+// of tl planned, the workload runShare (with tl's nemesis schedule, if
+// any), on a target with caps.
+func share(name string, cond toxics.Condition, sh shape, tl timeline, owners []owner, checks func(timeline) []check.Spec, caps ...string) scenario.Scenario {
+	s := scenario.Scenario{
+		Property: property, Name: name, Condition: cond, Requires: caps,
+		Checks: checks(tl), Workload: runShare(sh, tl, owners, checks),
 	}
-	sampler := watch.SampleDiagnostics(ctx, e, rec, sampleEvery, nodes...)
-	steps, schedule := 0, func() error { return nil }
 	if tl.nemesis {
-		steps, schedule = spec.Nemesis(ctx, e, rec, tl.runFor()-5*time.Second)
+		s.Schedule = tl.runFor() - 5*time.Second
 	}
-	st, err := load.Run(ctx, rec, p)
-	Expect(err).NotTo(HaveOccurred(), "run load")
-	Expect(schedule()).To(Succeed(), "nemesis schedule")
-	_, err = sampler.Stop()
-	Expect(err).NotTo(HaveOccurred(), "sample the server's queue depth")
-	var us *env.UsageSummary
-	if mon != nil {
-		u, err := mon.Stop()
-		Expect(err).NotTo(HaveOccurred(), "sample server usage")
-		us = &u
-	}
-	figs := spec.LoadFigures("", st, us)
-	if tl.nemesis {
-		figs["nemesis.steps"] = float64(steps)
-	}
-	figs[report.HostExtended] = float64(mq.Extended())
-	tl.windows = mq.Windows()
-	return rec, figs, tl
+	return s
 }
 
 // measureCap is the CPU limit, in nano-CPUs, a share run of sh puts on a
@@ -280,26 +294,13 @@ func assumptions(name string, cond toxics.Condition, sh shape, tl timeline, owne
 	return out
 }
 
-// start requires caps and what cond needs of the target, then starts the
-// environment: a spec the target cannot run is skipped before anything
-// starts. Its clients use cond's channel security.
-func start(ctx context.Context, cond toxics.Condition, caps ...string) *env.Env {
-	GinkgoHelper()
-	h.Require(spec.Needs(cond, caps...)...)
-	e, err := h.StartUnder(ctx, cond)
-	Expect(err).NotTo(HaveOccurred(), "start environment")
-	return e
-}
-
-// weighted runs the weighted spec: the heaviest and the lightest of the
-// target's weighted owners (the reference server's heavy:3,light:1, or
-// OPCUA_CHAOS_WEIGHTS) with the same sessions and pipelines; the median
-// heavy/light ratio of the valid windows must be within 1/6 of the weight
-// ratio (2.5–3.5 for 1:3). It needs configured weights, service-time
-// nodes (Busy.<µs>, Slow.<ms>) and users.
-func weighted(ctx context.Context, cond toxics.Condition, sh shape, tl timeline) {
-	GinkgoHelper()
-	e := start(ctx, cond, "weights", "service-time", "users")
+// weighted is the weighted scenario: the heaviest and the lightest of
+// the target's weighted owners (the reference server's heavy:3,light:1,
+// or OPCUA_CHAOS_WEIGHTS) with the same sessions and pipelines; the
+// median heavy/light ratio of the valid windows must be within 1/6 of the
+// weight ratio (2.5–3.5 for 1:3). It needs configured weights,
+// service-time nodes (Busy.<µs>, Slow.<ms>) and users.
+func weighted(cond toxics.Condition, sh shape, tl timeline) scenario.Scenario {
 	heavy, light, want, _ := h.Setup.Target.Weighted()
 	name := "weighted-" + sh.name
 	checks := func(tl timeline) []check.Spec {
@@ -313,53 +314,64 @@ func weighted(ctx context.Context, cond toxics.Condition, sh shape, tl timeline)
 			check.Spec{Name: name + "-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{sh.request.Kind}}},
 		)
 	}
-	spec.Plan(checks(tl)...)
-	rec, figs, ran := runShare(ctx, e, cond, sh, tl, []owner{
+	return share(name, cond, sh, tl, []owner{
 		{heavy.Name, heavy.Password, 4},
 		{light.Name, light.Password, 4},
-	})
-	spec.Judge(ctx, property, cond.Name, rec, figs, checks(ran)...)
+	}, checks, "weights", "service-time", "users")
+}
+
+// weightedCI is the weighted scenario of sh under a condition, over the
+// CI profile's timeline.
+func weightedCI(sh shape) func(toxics.Condition) scenario.Scenario {
+	return func(cond toxics.Condition) scenario.Scenario { return weighted(cond, sh, ciRun) }
+}
+
+// isolation keeps a flooding owner from starving another of equal weight
+// (the target's first two users of equal weight, flood and victim): the
+// flood has 8 sessions, the victim 2, CPU-bound. It needs service-time
+// nodes and users.
+func isolation(cond toxics.Condition, flood, victim target.User) scenario.Scenario {
+	// min/max of two equal owners ≥ 0.8 is the 0.8–1.25
+	// band; the victim is served in every window.
+	checks := func(tl timeline) []check.Spec {
+		return append(assumptions("isolation", cond, cpuBound, tl, flood.Name, victim.Name),
+			check.Spec{Name: "isolation", Config: check.ShareConfig{
+				Span: tl.span(), Owners: []string{flood.Name, victim.Name},
+				Kinds: []history.Kind{cpuBound.request.Kind}, MinRatio: 0.8, MinOutstanding: deep / 2, MinServed: 20,
+				Unstarved: []string{victim.Name},
+			}},
+			check.Spec{Name: "isolation-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{cpuBound.request.Kind}}},
+		)
+	}
+	return share("isolation", cond, cpuBound, ciRun, []owner{
+		{flood.Name, flood.Password, 8},
+		{victim.Name, victim.Password, 2},
+	}, checks, "service-time", "users")
 }
 
 var _ = Describe("Fairness", spec.Property(property), func() {
 	It(fmt.Sprintf("serves owners weighted 1:3 through a seeded nemesis schedule, worker-bound (median of %d windows)", soakRun.windows), Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
 		spec.SoakFor() // fails the spec on a bad SOAK value; soakRun has its length
-		weighted(ctx, toxics.Scheduled, workerBound, soakRun)
+		h.Run(ctx, weighted(toxics.Scheduled, workerBound, soakRun))
 	}, spec.SoakTimeout(2*time.Minute))
 
-	// Each spec starts its own environment (start) once it knows the
-	// target can run it: the spec timeout includes the start.
+	// Each spec starts its own environment once it knows the target can
+	// run it: the spec timeout includes the start. A target without two
+	// users of equal weight skips the isolation spec, unless it lacks a
+	// capability the spec needs (the runner's skip, named first).
 	DescribeTable("keeps a flooding owner from starving another of equal weight", func(ctx SpecContext, cond toxics.Condition) {
-		e := start(ctx, cond, "service-time", "users")
 		flood, victim, ok := h.Setup.Target.EqualPair()
-		if !ok {
+		s := isolation(cond, flood, victim)
+		if !ok && h.Setup.Target.Requires(s.Needs()...) == "" {
 			spec.SkipAs(report.SkipCapability, fmt.Sprintf("target %s has no two users of equal weight (weights %s)", h.Setup.Target.Name, target.WeightsEnv(h.Setup.Target.Weights)))
 		}
-		// min/max of two equal owners ≥ 0.8 is the 0.8–1.25
-		// band; the victim is served in every window.
-		checks := func(tl timeline) []check.Spec {
-			return append(assumptions("isolation", cond, cpuBound, tl, flood.Name, victim.Name),
-				check.Spec{Name: "isolation", Config: check.ShareConfig{
-					Span: tl.span(), Owners: []string{flood.Name, victim.Name},
-					Kinds: []history.Kind{cpuBound.request.Kind}, MinRatio: 0.8, MinOutstanding: deep / 2, MinServed: 20,
-					Unstarved: []string{victim.Name},
-				}},
-				check.Spec{Name: "isolation-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{cpuBound.request.Kind}}},
-			)
-		}
-		spec.Plan(checks(ciRun)...)
-		rec, figs, ran := runShare(ctx, e, cond, cpuBound, ciRun, []owner{
-			{flood.Name, flood.Password, 8},
-			{victim.Name, victim.Password, 2},
-		})
-		spec.Judge(ctx, property, cond.Name, rec, figs, checks(ran)...)
+		h.Run(ctx, s)
 	}, spec.Entries(toxics.CI(), isolationCatches, SpecTimeout(2*time.Minute)),
 		spec.Entries(secured, nil, SpecTimeout(2*time.Minute), spec.Nightly))
 
 	for _, sh := range []shape{cpuBound, workerBound} {
-		DescribeTable("serves owners weighted 1:3 in proportion, "+sh.name+" (median of windows 2.5–3.5)", func(ctx SpecContext, cond toxics.Condition) {
-			weighted(ctx, cond, sh, ciRun)
-		}, spec.Entries(toxics.CI(), sh.catches, Label("service:"+sh.name), SpecTimeout(2*time.Minute)),
+		DescribeTable("serves owners weighted 1:3 in proportion, "+sh.name+" (median of windows 2.5–3.5)", h.Scenario(weightedCI(sh)),
+			spec.Entries(toxics.CI(), sh.catches, Label("service:"+sh.name), SpecTimeout(2*time.Minute)),
 			spec.Entries(secured, nil, Label("service:"+sh.name), SpecTimeout(2*time.Minute), spec.Nightly))
 	}
 })
