@@ -164,6 +164,13 @@ type Options struct {
 	DuplicateSampleEvery int64
 }
 
+// orDefault sets *p to v when it is not above zero.
+func orDefault[T ~int | ~int64](p *T, v T) {
+	if *p <= 0 {
+		*p = v
+	}
+}
+
 func (o *Options) fill() {
 	if o.Clock == nil {
 		o.Clock = NewRealClock()
@@ -174,39 +181,27 @@ func (o *Options) fill() {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	def(&o.MinSamplingInterval, DefaultMinSamplingInterval)
-	def(&o.MaxSamplingInterval, DefaultMaxInterval)
-	def(&o.MinPublishingInterval, DefaultMinPublishingInterval)
-	def(&o.MaxPublishingInterval, DefaultMaxInterval)
-	def(&o.MaxLifetime, DefaultMaxLifetime)
+	orDefault(&o.MinSamplingInterval, DefaultMinSamplingInterval)
+	orDefault(&o.MaxSamplingInterval, DefaultMaxInterval)
+	orDefault(&o.MinPublishingInterval, DefaultMinPublishingInterval)
+	orDefault(&o.MaxPublishingInterval, DefaultMaxInterval)
+	orDefault(&o.MaxLifetime, DefaultMaxLifetime)
 	o.MaxSamplingInterval = max(o.MaxSamplingInterval, o.MinSamplingInterval)
 	o.MaxPublishingInterval = max(o.MaxPublishingInterval, o.MinPublishingInterval)
-	defInt := func(p *int, v int) {
-		if *p <= 0 {
-			*p = v
-		}
-	}
-	defInt(&o.MaxResponseBytes, DefaultMaxResponseBytes)
-	defInt(&o.MaxPublishRequests, DefaultMaxPublishRequests)
-	defInt(&o.MaxRetransmit, DefaultMaxRetransmit)
-	defInt(&o.MaxSubscriptions, DefaultMaxSubscriptions)
-	defInt(&o.MaxItems, DefaultMaxItems)
-	defInt(&o.MaxItemsPerCall, DefaultMaxItemsPerCall)
-	defInt(&o.MaxItemsPerSession, DefaultMaxItemsPerSession)
-	defInt(&o.MaxItemsTotal, DefaultMaxItemsTotal)
-	defInt(&o.MaxOperations, DefaultMaxOperations)
-	defInt(&o.PublishDropKeep, DefaultPublishDropKeep)
+	orDefault(&o.MaxResponseBytes, DefaultMaxResponseBytes)
+	orDefault(&o.MaxPublishRequests, DefaultMaxPublishRequests)
+	orDefault(&o.MaxRetransmit, DefaultMaxRetransmit)
+	orDefault(&o.MaxSubscriptions, DefaultMaxSubscriptions)
+	orDefault(&o.MaxItems, DefaultMaxItems)
+	orDefault(&o.MaxItemsPerCall, DefaultMaxItemsPerCall)
+	orDefault(&o.MaxItemsPerSession, DefaultMaxItemsPerSession)
+	orDefault(&o.MaxItemsTotal, DefaultMaxItemsTotal)
+	orDefault(&o.MaxOperations, DefaultMaxOperations)
+	orDefault(&o.PublishDropKeep, DefaultPublishDropKeep)
 	if o.SkipSequenceEvery < 2 { // 1 would skip every number
 		o.SkipSequenceEvery = DefaultSkipSequenceEvery
 	}
-	if o.DuplicateSampleEvery <= 0 {
-		o.DuplicateSampleEvery = DefaultDuplicateSampleEvery
-	}
+	orDefault(&o.DuplicateSampleEvery, DefaultDuplicateSampleEvery)
 	if o.DefaultKeepAliveCount == 0 {
 		o.DefaultKeepAliveCount = DefaultKeepAliveCount
 	}

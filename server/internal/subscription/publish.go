@@ -88,19 +88,15 @@ func (s *Session) ackLocked(a *ua.SubscriptionAcknowledgement) ua.StatusCode {
 // Republish serves the Republish service from the retransmission queue.
 func (s *Session) Republish(r *ua.RepublishRequest) ua.Response {
 	m := s.m
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sub := s.subs[r.SubscriptionID]
-	if sub == nil {
-		return m.Fault(r, ua.StatusBadSubscriptionIDInvalid)
-	}
-	i := slices.IndexFunc(sub.retrans, func(n *ua.NotificationMessage) bool { return n.SequenceNumber == r.RetransmitSequenceNumber })
-	if i < 0 {
-		return m.Fault(r, ua.StatusBadMessageNotAvailable)
-	}
-	sub.lifetimeCtr = 0
-	m.republished.Add(1)
-	return &ua.RepublishResponse{ResponseHeader: m.header(r, ua.StatusOK), NotificationMessage: sub.retrans[i]}
+	return s.onSub(r, r.SubscriptionID, func(sub *Subscription) ua.Response {
+		i := slices.IndexFunc(sub.retrans, func(n *ua.NotificationMessage) bool { return n.SequenceNumber == r.RetransmitSequenceNumber })
+		if i < 0 {
+			return m.Fault(r, ua.StatusBadMessageNotAvailable)
+		}
+		sub.lifetimeCtr = 0
+		m.republished.Add(1)
+		return &ua.RepublishResponse{ResponseHeader: m.header(r, ua.StatusOK), NotificationMessage: sub.retrans[i]}
+	})
 }
 
 // run is a subscription's publishing loop: one cycle every publishing

@@ -112,6 +112,24 @@ func (s *Session) Pending() int {
 
 func (s *Session) now() time.Duration { return s.m.clock.Now() }
 
+// sampleTime is the time of a sample taken now, due now.
+func (s *Session) sampleTime() SampleTime {
+	now := s.now()
+	return SampleTime{Mono: now, Wall: s.m.clock.Wall(now), Deadline: now}
+}
+
+// onSub serves a request on the subscription id under the session lock; an
+// unknown subscription faults the request with BadSubscriptionIdInvalid.
+func (s *Session) onSub(r ua.Request, id uint32, serve func(sub *Subscription) ua.Response) ua.Response {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sub := s.subs[id]
+	if sub == nil {
+		return s.m.Fault(r, ua.StatusBadSubscriptionIDInvalid)
+	}
+	return serve(sub)
+}
+
 // close deletes every subscription and answers the queued Publish requests
 // with code.
 func (s *Session) close(code ua.StatusCode) {
@@ -190,29 +208,25 @@ func durMillis(d time.Duration) float64 { return float64(d) / float64(time.Milli
 // ModifySubscription serves the ModifySubscription service.
 func (s *Session) ModifySubscription(r *ua.ModifySubscriptionRequest) ua.Response {
 	m := s.m
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sub := s.subs[r.SubscriptionID]
-	if sub == nil {
-		return m.Fault(r, ua.StatusBadSubscriptionIDInvalid)
-	}
-	iv, lifetime, keepAlive := s.revise(r.RequestedPublishingInterval, r.RequestedLifetimeCount, r.RequestedMaxKeepAliveCount)
-	changed := iv != sub.interval
-	sub.interval, sub.lifetime, sub.keepAlive = iv, lifetime, keepAlive
-	sub.maxNotif, sub.priority = r.MaxNotificationsPerPublish, r.Priority
-	sub.lifetimeCtr = 0
-	if changed {
-		select {
-		case sub.wake <- struct{}{}:
-		default:
+	return s.onSub(r, r.SubscriptionID, func(sub *Subscription) ua.Response {
+		iv, lifetime, keepAlive := s.revise(r.RequestedPublishingInterval, r.RequestedLifetimeCount, r.RequestedMaxKeepAliveCount)
+		changed := iv != sub.interval
+		sub.interval, sub.lifetime, sub.keepAlive = iv, lifetime, keepAlive
+		sub.maxNotif, sub.priority = r.MaxNotificationsPerPublish, r.Priority
+		sub.lifetimeCtr = 0
+		if changed {
+			select {
+			case sub.wake <- struct{}{}:
+			default:
+			}
 		}
-	}
-	return &ua.ModifySubscriptionResponse{
-		ResponseHeader:            m.header(r, ua.StatusOK),
-		RevisedPublishingInterval: durMillis(iv),
-		RevisedLifetimeCount:      lifetime,
-		RevisedMaxKeepAliveCount:  keepAlive,
-	}
+		return &ua.ModifySubscriptionResponse{
+			ResponseHeader:            m.header(r, ua.StatusOK),
+			RevisedPublishingInterval: durMillis(iv),
+			RevisedLifetimeCount:      lifetime,
+			RevisedMaxKeepAliveCount:  keepAlive,
+		}
+	})
 }
 
 // DeleteSubscriptions serves the DeleteSubscriptions service.
@@ -236,6 +250,21 @@ func (s *Session) DeleteSubscriptions(r *ua.DeleteSubscriptionsRequest) ua.Respo
 	return &ua.DeleteSubscriptionsResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
 }
 
+// releaseItemsLocked stops sampling the items, releases them and takes them
+// off the item counts. s.mu held.
+func (s *Session) releaseItemsLocked(items []*MonitoredItem) {
+	for _, it := range items {
+		if it.mode != ua.MonitoringModeDisabled {
+			s.m.sampler.Remove(it, it.interval)
+		}
+		it.setActive(false)
+		s.m.releaseItem(it)
+	}
+	s.m.items.Add(-int64(len(items)))
+	s.m.itemsDeleted.Add(int64(len(items)))
+	s.items -= len(items)
+}
+
 // deleteLocked removes a subscription and its items. s.mu held.
 func (s *Session) deleteLocked(sub *Subscription) {
 	if sub.deleted {
@@ -247,16 +276,7 @@ func (s *Session) deleteLocked(sub *Subscription) {
 	if i := slices.Index(s.order, sub); i >= 0 {
 		s.order = slices.Delete(s.order, i, i+1)
 	}
-	for _, it := range sub.list {
-		if it.mode != ua.MonitoringModeDisabled {
-			s.m.sampler.Remove(it, it.interval)
-		}
-		it.setActive(false)
-		s.m.releaseItem(it)
-	}
-	s.m.items.Add(-int64(len(sub.list)))
-	s.m.itemsDeleted.Add(int64(len(sub.list)))
-	s.items -= len(sub.list)
+	s.releaseItemsLocked(sub.list)
 	s.m.subs.Add(-1)
 	sub.items, sub.list, sub.retrans = nil, nil, nil
 	s.m.log.Debug("subscription deleted", "subscription", sub.id)
@@ -333,104 +353,99 @@ func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Res
 	if r.TimestampsToReturn > ua.TimestampsToReturnNeither {
 		return m.Fault(r, ua.StatusBadTimestampsToReturnInvalid)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sub := s.subs[r.SubscriptionID]
-	if sub == nil {
-		return m.Fault(r, ua.StatusBadSubscriptionIDInvalid)
-	}
-	now := s.now()
-	st := SampleTime{Mono: now, Wall: m.clock.Wall(now), Deadline: now}
-	results := make([]*ua.MonitoredItemCreateResult, len(r.ItemsToCreate))
-	refused := 0 // items over the memory budget
-	defer func() {
-		if refused > 0 {
-			m.log.Info("monitored items refused: item queue budget exhausted", "subscription", sub.id, "refused", refused,
-				"items_bytes", m.opts.Budget.UsedBy(budget.Items), "limit", m.opts.Budget.ClassLimit(budget.Items))
+	return s.onSub(r, r.SubscriptionID, func(sub *Subscription) ua.Response {
+		st := s.sampleTime()
+		results := make([]*ua.MonitoredItemCreateResult, len(r.ItemsToCreate))
+		refused := 0 // items over the memory budget
+		defer func() {
+			if refused > 0 {
+				m.log.Info("monitored items refused: item queue budget exhausted", "subscription", sub.id, "refused", refused,
+					"items_bytes", m.opts.Budget.UsedBy(budget.Items), "limit", m.opts.Budget.ClassLimit(budget.Items))
+			}
+		}()
+		for i, c := range r.ItemsToCreate {
+			res := &ua.MonitoredItemCreateResult{FilterResult: ua.NewExtensionObject(nil)}
+			results[i] = res
+			if c == nil || c.ItemToMonitor == nil || c.ItemToMonitor.NodeID == nil {
+				res.StatusCode = ua.StatusBadNodeIDUnknown
+				continue
+			}
+			if len(sub.list) >= m.opts.MaxItems || s.items >= m.opts.MaxItemsPerSession {
+				res.StatusCode = ua.StatusBadTooManyMonitoredItems
+				continue
+			}
+			if c.MonitoringMode > ua.MonitoringModeReporting {
+				res.StatusCode = ua.StatusBadMonitoringModeInvalid
+				continue
+			}
+			rv := c.ItemToMonitor
+			if rv.IndexRange != "" {
+				res.StatusCode = ua.StatusBadIndexRangeInvalid
+				continue
+			}
+			if rv.DataEncoding != nil && rv.DataEncoding.Name != "" {
+				res.StatusCode = ua.StatusBadDataEncodingInvalid
+				continue
+			}
+			attr := ua.AttributeID(rv.AttributeID)
+			read, code := m.opts.Source.Resolve(rv.NodeID, attr)
+			if code != ua.StatusOK {
+				res.StatusCode = code
+				continue
+			}
+			iv, size, trigger, code := s.itemParams(sub, c.RequestedParameters, attr)
+			if code != ua.StatusOK {
+				res.StatusCode = code
+				continue
+			}
+			if !m.reserveItem() {
+				res.StatusCode = ua.StatusBadTooManyMonitoredItems
+				continue
+			}
+			// The queue's memory at its full size, charged now so that the
+			// queues can never grow beyond the budget (none under the
+			// item-queues-unbounded fault: the manager has no budget).
+			cost := m.queueCost(int(size))
+			if !m.opts.Budget.Charge(budget.Items, cost) {
+				m.items.Add(-1)
+				refused++
+				res.StatusCode = ua.StatusBadResourceUnavailable
+				continue
+			}
+			it := &MonitoredItem{
+				id:            m.nextItemID.Add(1),
+				node:          rv.NodeID,
+				attr:          attr,
+				read:          read,
+				clientHandle:  c.RequestedParameters.ClientHandle,
+				interval:      iv,
+				mode:          c.MonitoringMode,
+				handle:        c.RequestedParameters.ClientHandle,
+				ts:            r.TimestampsToReturn,
+				trigger:       trigger,
+				discardOldest: c.RequestedParameters.DiscardOldest,
+				size:          int(size),
+				charged:       cost,
+				active:        c.MonitoringMode != ua.MonitoringModeDisabled,
+				dupEvery:      m.dupEvery(),
+			}
+			if m.opts.EagerQueues {
+				// Fault item-queues-unbounded: the whole queue now.
+				it.buf = make([]*ua.DataValue, size)
+			}
+			sub.items[it.id] = it
+			sub.list = append(sub.list, it)
+			s.items++
+			if it.mode != ua.MonitoringModeDisabled {
+				it.Sample(st)
+				m.sampler.Add(it, iv)
+			}
+			res.MonitoredItemID = it.id
+			res.RevisedSamplingInterval = durMillis(iv)
+			res.RevisedQueueSize = size
 		}
-	}()
-	for i, c := range r.ItemsToCreate {
-		res := &ua.MonitoredItemCreateResult{FilterResult: ua.NewExtensionObject(nil)}
-		results[i] = res
-		if c == nil || c.ItemToMonitor == nil || c.ItemToMonitor.NodeID == nil {
-			res.StatusCode = ua.StatusBadNodeIDUnknown
-			continue
-		}
-		if len(sub.list) >= m.opts.MaxItems || s.items >= m.opts.MaxItemsPerSession {
-			res.StatusCode = ua.StatusBadTooManyMonitoredItems
-			continue
-		}
-		if c.MonitoringMode > ua.MonitoringModeReporting {
-			res.StatusCode = ua.StatusBadMonitoringModeInvalid
-			continue
-		}
-		rv := c.ItemToMonitor
-		if rv.IndexRange != "" {
-			res.StatusCode = ua.StatusBadIndexRangeInvalid
-			continue
-		}
-		if rv.DataEncoding != nil && rv.DataEncoding.Name != "" {
-			res.StatusCode = ua.StatusBadDataEncodingInvalid
-			continue
-		}
-		attr := ua.AttributeID(rv.AttributeID)
-		read, code := m.opts.Source.Resolve(rv.NodeID, attr)
-		if code != ua.StatusOK {
-			res.StatusCode = code
-			continue
-		}
-		iv, size, trigger, code := s.itemParams(sub, c.RequestedParameters, attr)
-		if code != ua.StatusOK {
-			res.StatusCode = code
-			continue
-		}
-		if !m.reserveItem() {
-			res.StatusCode = ua.StatusBadTooManyMonitoredItems
-			continue
-		}
-		// The queue's memory at its full size, charged now so that the
-		// queues can never grow beyond the budget (none under the
-		// item-queues-unbounded fault: the manager has no budget).
-		cost := m.queueCost(int(size))
-		if !m.opts.Budget.Charge(budget.Items, cost) {
-			m.items.Add(-1)
-			refused++
-			res.StatusCode = ua.StatusBadResourceUnavailable
-			continue
-		}
-		it := &MonitoredItem{
-			id:            m.nextItemID.Add(1),
-			node:          rv.NodeID,
-			attr:          attr,
-			read:          read,
-			clientHandle:  c.RequestedParameters.ClientHandle,
-			interval:      iv,
-			mode:          c.MonitoringMode,
-			handle:        c.RequestedParameters.ClientHandle,
-			ts:            r.TimestampsToReturn,
-			trigger:       trigger,
-			discardOldest: c.RequestedParameters.DiscardOldest,
-			size:          int(size),
-			charged:       cost,
-			active:        c.MonitoringMode != ua.MonitoringModeDisabled,
-			dupEvery:      m.dupEvery(),
-		}
-		if m.opts.EagerQueues {
-			// Fault item-queues-unbounded: the whole queue now.
-			it.buf = make([]*ua.DataValue, size)
-		}
-		sub.items[it.id] = it
-		sub.list = append(sub.list, it)
-		s.items++
-		if it.mode != ua.MonitoringModeDisabled {
-			it.Sample(st)
-			m.sampler.Add(it, iv)
-		}
-		res.MonitoredItemID = it.id
-		res.RevisedSamplingInterval = durMillis(iv)
-		res.RevisedQueueSize = size
-	}
-	return &ua.CreateMonitoredItemsResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
+		return &ua.CreateMonitoredItemsResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
+	})
 }
 
 // ModifyMonitoredItems serves the ModifyMonitoredItems service.
@@ -442,59 +457,55 @@ func (s *Session) ModifyMonitoredItems(r *ua.ModifyMonitoredItemsRequest) ua.Res
 	if r.TimestampsToReturn > ua.TimestampsToReturnNeither {
 		return m.Fault(r, ua.StatusBadTimestampsToReturnInvalid)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sub := s.subs[r.SubscriptionID]
-	if sub == nil {
-		return m.Fault(r, ua.StatusBadSubscriptionIDInvalid)
-	}
-	results := make([]*ua.MonitoredItemModifyResult, len(r.ItemsToModify))
-	for i, c := range r.ItemsToModify {
-		res := &ua.MonitoredItemModifyResult{FilterResult: ua.NewExtensionObject(nil)}
-		results[i] = res
-		var it *MonitoredItem
-		if c != nil {
-			it = sub.items[c.MonitoredItemID]
+	return s.onSub(r, r.SubscriptionID, func(sub *Subscription) ua.Response {
+		results := make([]*ua.MonitoredItemModifyResult, len(r.ItemsToModify))
+		for i, c := range r.ItemsToModify {
+			res := &ua.MonitoredItemModifyResult{FilterResult: ua.NewExtensionObject(nil)}
+			results[i] = res
+			var it *MonitoredItem
+			if c != nil {
+				it = sub.items[c.MonitoredItemID]
+			}
+			if it == nil {
+				res.StatusCode = ua.StatusBadMonitoredItemIDInvalid
+				continue
+			}
+			iv, size, trigger, code := s.itemParams(sub, c.RequestedParameters, it.attr)
+			if code != ua.StatusOK {
+				res.StatusCode = code
+				continue
+			}
+			// A bigger queue is charged its growth first; a smaller one gives
+			// the difference back.
+			cost := m.queueCost(int(size))
+			if cost > it.charged && !m.opts.Budget.Charge(budget.Items, cost-it.charged) {
+				res.StatusCode = ua.StatusBadResourceUnavailable
+				continue
+			}
+			if cost < it.charged {
+				m.opts.Budget.Release(budget.Items, it.charged-cost)
+			}
+			if m.opts.Budget != nil {
+				it.charged = cost
+			}
+			if iv != it.interval && it.mode != ua.MonitoringModeDisabled {
+				m.sampler.Remove(it, it.interval)
+				m.sampler.Add(it, iv)
+			}
+			it.interval = iv
+			it.clientHandle = c.RequestedParameters.ClientHandle
+			it.mu.Lock()
+			it.handle = it.clientHandle
+			it.ts = r.TimestampsToReturn
+			it.trigger = trigger
+			it.discardOldest = c.RequestedParameters.DiscardOldest
+			it.resize(int(size), m.opts.EagerQueues)
+			it.mu.Unlock()
+			res.RevisedSamplingInterval = durMillis(iv)
+			res.RevisedQueueSize = size
 		}
-		if it == nil {
-			res.StatusCode = ua.StatusBadMonitoredItemIDInvalid
-			continue
-		}
-		iv, size, trigger, code := s.itemParams(sub, c.RequestedParameters, it.attr)
-		if code != ua.StatusOK {
-			res.StatusCode = code
-			continue
-		}
-		// A bigger queue is charged its growth first; a smaller one gives
-		// the difference back.
-		cost := m.queueCost(int(size))
-		if cost > it.charged && !m.opts.Budget.Charge(budget.Items, cost-it.charged) {
-			res.StatusCode = ua.StatusBadResourceUnavailable
-			continue
-		}
-		if cost < it.charged {
-			m.opts.Budget.Release(budget.Items, it.charged-cost)
-		}
-		if m.opts.Budget != nil {
-			it.charged = cost
-		}
-		if iv != it.interval && it.mode != ua.MonitoringModeDisabled {
-			m.sampler.Remove(it, it.interval)
-			m.sampler.Add(it, iv)
-		}
-		it.interval = iv
-		it.clientHandle = c.RequestedParameters.ClientHandle
-		it.mu.Lock()
-		it.handle = it.clientHandle
-		it.ts = r.TimestampsToReturn
-		it.trigger = trigger
-		it.discardOldest = c.RequestedParameters.DiscardOldest
-		it.resize(int(size), m.opts.EagerQueues)
-		it.mu.Unlock()
-		res.RevisedSamplingInterval = durMillis(iv)
-		res.RevisedQueueSize = size
-	}
-	return &ua.ModifyMonitoredItemsResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
+		return &ua.ModifyMonitoredItemsResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
+	})
 }
 
 // DeleteMonitoredItems serves the DeleteMonitoredItems service.
@@ -503,36 +514,27 @@ func (s *Session) DeleteMonitoredItems(r *ua.DeleteMonitoredItemsRequest) ua.Res
 	if st := m.opsStatus(len(r.MonitoredItemIDs)); st != ua.StatusOK {
 		return m.Fault(r, st)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sub := s.subs[r.SubscriptionID]
-	if sub == nil {
-		return m.Fault(r, ua.StatusBadSubscriptionIDInvalid)
-	}
-	results := make([]ua.StatusCode, len(r.MonitoredItemIDs))
-	gone := make(map[*MonitoredItem]bool)
-	for i, id := range r.MonitoredItemIDs {
-		it := sub.items[id]
-		if it == nil {
-			results[i] = ua.StatusBadMonitoredItemIDInvalid
-			continue
+	return s.onSub(r, r.SubscriptionID, func(sub *Subscription) ua.Response {
+		results := make([]ua.StatusCode, len(r.MonitoredItemIDs))
+		var deleted []*MonitoredItem
+		gone := make(map[*MonitoredItem]bool)
+		for i, id := range r.MonitoredItemIDs {
+			it := sub.items[id]
+			if it == nil {
+				results[i] = ua.StatusBadMonitoredItemIDInvalid
+				continue
+			}
+			delete(sub.items, id)
+			deleted = append(deleted, it)
+			gone[it] = true
 		}
-		delete(sub.items, id)
-		gone[it] = true
-		if it.mode != ua.MonitoringModeDisabled {
-			m.sampler.Remove(it, it.interval)
+		if len(deleted) > 0 {
+			s.releaseItemsLocked(deleted)
+			sub.list = slices.DeleteFunc(sub.list, func(it *MonitoredItem) bool { return gone[it] })
+			sub.rr = 0
 		}
-		it.setActive(false)
-		m.releaseItem(it)
-	}
-	if len(gone) > 0 {
-		sub.list = slices.DeleteFunc(sub.list, func(it *MonitoredItem) bool { return gone[it] })
-		sub.rr = 0
-		m.items.Add(-int64(len(gone)))
-		m.itemsDeleted.Add(int64(len(gone)))
-		s.items -= len(gone)
-	}
-	return &ua.DeleteMonitoredItemsResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
+		return &ua.DeleteMonitoredItemsResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
+	})
 }
 
 // SetMonitoringMode serves the SetMonitoringMode service.
@@ -544,32 +546,27 @@ func (s *Session) SetMonitoringMode(r *ua.SetMonitoringModeRequest) ua.Response 
 	if r.MonitoringMode > ua.MonitoringModeReporting {
 		return m.Fault(r, ua.StatusBadMonitoringModeInvalid)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sub := s.subs[r.SubscriptionID]
-	if sub == nil {
-		return m.Fault(r, ua.StatusBadSubscriptionIDInvalid)
-	}
-	now := s.now()
-	st := SampleTime{Mono: now, Wall: m.clock.Wall(now), Deadline: now}
-	results := make([]ua.StatusCode, len(r.MonitoredItemIDs))
-	for i, id := range r.MonitoredItemIDs {
-		it := sub.items[id]
-		if it == nil {
-			results[i] = ua.StatusBadMonitoredItemIDInvalid
-			continue
+	return s.onSub(r, r.SubscriptionID, func(sub *Subscription) ua.Response {
+		st := s.sampleTime()
+		results := make([]ua.StatusCode, len(r.MonitoredItemIDs))
+		for i, id := range r.MonitoredItemIDs {
+			it := sub.items[id]
+			if it == nil {
+				results[i] = ua.StatusBadMonitoredItemIDInvalid
+				continue
+			}
+			was := it.mode
+			it.mode = r.MonitoringMode
+			switch {
+			case was == ua.MonitoringModeDisabled && it.mode != ua.MonitoringModeDisabled:
+				it.setActive(true)
+				it.Sample(st)
+				m.sampler.Add(it, it.interval)
+			case was != ua.MonitoringModeDisabled && it.mode == ua.MonitoringModeDisabled:
+				m.sampler.Remove(it, it.interval)
+				it.clear()
+			}
 		}
-		was := it.mode
-		it.mode = r.MonitoringMode
-		switch {
-		case was == ua.MonitoringModeDisabled && it.mode != ua.MonitoringModeDisabled:
-			it.setActive(true)
-			it.Sample(st)
-			m.sampler.Add(it, it.interval)
-		case was != ua.MonitoringModeDisabled && it.mode == ua.MonitoringModeDisabled:
-			m.sampler.Remove(it, it.interval)
-			it.clear()
-		}
-	}
-	return &ua.SetMonitoringModeResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
+		return &ua.SetMonitoringModeResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
+	})
 }

@@ -90,8 +90,7 @@ func (m *Manager) Transfer(id uint32, from any, to *Session, sendInitial, dropIt
 		to.dropItemsLocked(sub)
 	}
 	if sendInitial {
-		now := to.now()
-		st := SampleTime{Mono: now, Wall: m.clock.Wall(now), Deadline: now}
+		st := to.sampleTime()
 		for _, it := range sub.list {
 			if it.mode == ua.MonitoringModeReporting {
 				it.mu.Lock()
@@ -141,16 +140,6 @@ func (s *Session) transferredLocked(sub *Subscription) {
 // dropItemsLocked deletes every monitored item of sub (the transfer-drops
 // fault). s.mu held.
 func (s *Session) dropItemsLocked(sub *Subscription) {
-	for _, it := range sub.list {
-		if it.mode != ua.MonitoringModeDisabled {
-			s.m.sampler.Remove(it, it.interval)
-		}
-		it.setActive(false)
-		s.m.releaseItem(it)
-	}
-	n := len(sub.list)
-	s.m.items.Add(-int64(n))
-	s.m.itemsDeleted.Add(int64(n))
-	s.items -= n
+	s.releaseItemsLocked(sub.list)
 	sub.items, sub.list, sub.rr = make(map[uint32]*MonitoredItem), nil, 0
 }
