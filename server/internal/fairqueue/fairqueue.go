@@ -378,17 +378,26 @@ func (q *Queue[T]) publishTurn(o *owner[T]) {
 }
 
 func (q *Queue[T]) popReady() {
-	q.ready[q.readyAt] = nil
-	q.readyAt++
-	if q.readyAt == len(q.ready) {
-		q.ready = q.ready[:0]
-		q.readyAt = 0
-	} else if q.readyAt > 64 && q.readyAt*2 > len(q.ready) {
-		n := copy(q.ready, q.ready[q.readyAt:])
-		clear(q.ready[n:])
-		q.ready = q.ready[:n]
-		q.readyAt = 0
+	q.ready = popHead(q.ready, &q.readyAt)
+}
+
+// popHead drops the element at *head of a slice consumed from its head and
+// returns the slice: it empties once the head reaches its end, and moves its
+// rest to the front once the head is past 64 and past half of it.
+func popHead[S ~[]E, E any](s S, head *int) S {
+	var zero E
+	s[*head] = zero
+	*head++
+	if *head == len(s) {
+		s = s[:0]
+		*head = 0
+	} else if *head > 64 && *head*2 > len(s) {
+		n := copy(s, s[*head:])
+		clear(s[n:])
+		s = s[:n]
+		*head = 0
 	}
+	return s
 }
 
 // pop removes and returns the first queued entry of o, dropping claimed
@@ -396,17 +405,7 @@ func (q *Queue[T]) popReady() {
 func (o *owner[T]) pop() *Entry[T] {
 	for o.head < len(o.fifo) {
 		e := o.fifo[o.head]
-		o.fifo[o.head] = nil
-		o.head++
-		if o.head == len(o.fifo) {
-			o.fifo = o.fifo[:0]
-			o.head = 0
-		} else if o.head > 64 && o.head*2 > len(o.fifo) {
-			n := copy(o.fifo, o.fifo[o.head:])
-			clear(o.fifo[n:])
-			o.fifo = o.fifo[:n]
-			o.head = 0
-		}
+		o.fifo = popHead(o.fifo, &o.head)
 		if e.state == queued {
 			return e
 		}
