@@ -361,9 +361,7 @@ func (c *Channel) waitForRoom(ctx context.Context) error {
 // After Fail, responses are dropped.
 func (c *Channel) Respond(reqID uint32, resp ua.Response) {
 	c.mu.Lock()
-	if c.closed || c.failed != 0 {
-		c.stats.Dropped++
-		c.release(1)
+	if c.droppedLocked() {
 		c.mu.Unlock()
 		return
 	}
@@ -375,6 +373,17 @@ func (c *Channel) Respond(reqID uint32, resp ua.Response) {
 	}
 }
 
+// droppedLocked reports whether a response comes too late to be sent, after
+// close or Fail, and then retires its request as dropped. c.mu must be held.
+func (c *Channel) droppedLocked() bool {
+	if !c.closed && c.failed == 0 {
+		return false
+	}
+	c.stats.Dropped++
+	c.release(1)
+	return true
+}
+
 // SendNow writes the response to request reqID from the calling goroutine,
 // past the writer, and blocks until it is written: the crypto-in-gate
 // fault's workers send their own responses, as .NET's SendResponse does on
@@ -382,9 +391,7 @@ func (c *Channel) Respond(reqID uint32, resp ua.Response) {
 // close the response is dropped; a failed write closes the channel.
 func (c *Channel) SendNow(reqID uint32, resp ua.Response) {
 	c.mu.Lock()
-	if c.closed || c.failed != 0 {
-		c.stats.Dropped++
-		c.release(1)
+	if c.droppedLocked() {
 		c.mu.Unlock()
 		return
 	}
