@@ -2,13 +2,15 @@ package recovery_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"testing"
 	"time"
 
 	"github.com/gopcua/opcua/ua"
 	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
@@ -22,8 +24,15 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
+const property = "recovery"
+
+// h runs the suite's scenarios; spec.Bootstrap fills it before the first
+// spec.
+var h = spec.Bootstrap()
+
+func TestRecovery(t *testing.T) { spec.RunSuite(t, property) }
+
 const (
-	property = "recovery"
 	// The client asks for a secure channel of channelLifetime and a
 	// session of sessionTimeout; the partition (nemesis.PartitionFor)
 	// outlives the channel the server granted, not the session. The
@@ -69,6 +78,14 @@ const (
 	faultKill      = "kill"
 )
 
+// subscription labels the spec's subscription in the history (its
+// Publish ops, sequence numbers and transfer).
+const subscription = "sub1"
+
+// closeTimeout bounds closing a reconnecting client's session once its
+// part of the workload ended.
+const closeTimeout = 10 * time.Second
+
 // catches are the reference server's recovery bugs the spec is aimed at
 // under baseline: a retransmission queue that forgets, a session that
 // cannot move channel, a transfer that loses the items.
@@ -111,33 +128,39 @@ func keepReading(ctx context.Context, c *reconnect.Client, d time.Duration) (rec
 	return recoveries
 }
 
-// start starts the environment (a reference server that grants a channel
-// of channelLifetime) and asks the server, directly (not through the
-// condition's toxics, which are not applied yet), what it grants: the
-// channel lifetime, and a session timeout that outlives it by enough for a
-// partition between the two (where a server's channel minimum is near the
-// session timeout asked for, a longer session is asked for). It returns
-// the configuration of client, through the proxy, with that session
-// timeout. The environment's own clients (its watchers) use cond's
-// channel security; the spec sets its reconnecting clients' (transferAs).
-func start(ctx context.Context, cond toxics.Condition, client string) (*env.Env, reconnect.Config, nemesis.Lifetimes) {
-	GinkgoHelper()
-	var opts []env.Option
-	if isReference() {
-		opts = append(opts, env.WithServerEnv(map[string]string{"OPCUA_MIN_CHANNEL_LIFETIME": referenceMinLifetime}))
+// serverSettings are the settings of the suite's scenarios for the
+// reference server: it grants a channel of channelLifetime. Other targets
+// get none.
+func serverSettings() map[string]string {
+	if !isReference() {
+		return nil
 	}
-	e, err := h.StartUnder(ctx, cond, opts...)
-	Expect(err).NotTo(HaveOccurred(), "start environment")
+	return map[string]string{"OPCUA_MIN_CHANNEL_LIFETIME": referenceMinLifetime}
+}
+
+// lifetimes asks the server of e, directly (its direct endpoint, not
+// through the proxy that carries the condition's toxics), what it grants:
+// the channel lifetime, and a session timeout that outlives it by enough
+// for a partition between the two (where a server's channel minimum is
+// near the session timeout asked for, a longer session is asked for). It
+// returns the configuration of client, through the proxy, with that
+// session timeout. The environment's own clients (its watchers) use the
+// condition's channel security; the spec sets its reconnecting clients'
+// (transferAs).
+func lifetimes(ctx context.Context, e *env.Env, client string) (reconnect.Config, nemesis.Lifetimes, error) {
 	cfg := reconnect.Config{Endpoint: e.DirectEndpoint, Client: client, SessionTimeout: sessionTimeout, ChannelLifetime: channelLifetime}
 	granted, session, err := reconnect.Granted(ctx, cfg)
-	Expect(err).NotTo(HaveOccurred(), "ask the server for a channel and a session")
+	if err != nil {
+		return cfg, nemesis.Lifetimes{}, fmt.Errorf("ask the server for a channel and a session: %w", err)
+	}
 	if want := 3 * granted; session < want {
 		cfg.SessionTimeout = want
-		_, session, err = reconnect.Granted(ctx, cfg)
-		Expect(err).NotTo(HaveOccurred(), "ask the server for a session of %v", want)
+		if _, session, err = reconnect.Granted(ctx, cfg); err != nil {
+			return cfg, nemesis.Lifetimes{}, fmt.Errorf("ask the server for a session of %v: %w", want, err)
+		}
 	}
 	cfg.Endpoint = e.Endpoint
-	return e, cfg, nemesis.Lifetimes{Channel: granted, Session: session}
+	return cfg, nemesis.Lifetimes{Channel: granted, Session: session}, nil
 }
 
 // isReference reports whether the target is the reference server, which
@@ -145,6 +168,26 @@ func start(ctx context.Context, cond toxics.Condition, client string) (*env.Env,
 func isReference() bool {
 	t := h.Setup.Target
 	return t.Kind == target.Container && t.Name == target.Reference.Name
+}
+
+// open opens a reconnecting client with a new session (reconnect.Open)
+// and returns it with its close, bounded by closeTimeout even when ctx has
+// ended.
+func open(ctx context.Context, rec *history.Recorder, cfg reconnect.Config, session string) (*reconnect.Client, func(), error) {
+	c, err := reconnect.Open(ctx, rec, cfg, session)
+	closeClient := func() {
+		if c == nil {
+			return
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+		defer cancel()
+		_ = c.Close(cctx)
+	}
+	if err != nil {
+		closeClient()
+		return nil, nil, err
+	}
+	return c, closeClient, nil
 }
 
 // pause waits d or until ctx ends.
@@ -156,125 +199,167 @@ func pause(ctx context.Context, d time.Duration) {
 }
 
 // run runs sub's Publish loop on c in the background until stop; stop
-// returns the loop's error.
+// returns the loop's error (the same on every call).
 func run(ctx context.Context, sub *reconnect.Subscription, c *reconnect.Client) (stop func() error) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() {
-		defer GinkgoRecover()
-		done <- sub.Run(ctx, c, outstanding)
-	}()
-	return func() error { cancel(); return <-done }
+	go func() { done <- sub.Run(ctx, c, outstanding) }()
+	return sync.OnceValue(func() error { cancel(); return <-done })
 }
 
-var _ = Describe("Recovery after broken connections and restarts", spec.Property(property), func() {
-	DescribeTable("takes its session to a new channel after a partition, republishes what it lost, transfers its subscription without a gap and serves again after kill -9", func(ctx SpecContext, cond toxics.Condition) {
-		h.Require(spec.Needs(cond)...)
-		e, cfg, lt := start(ctx, cond, "c1")
+// recovers returns the scenario, under cond, that takes its session to a
+// new channel after a partition, republishes what it lost, transfers its
+// subscription without a gap and serves again after kill -9.
+//
+// The kill acts on the server's container: a target outside one lacks the
+// container that "cpu-limit" names, and the scenario is skipped for it.
+func recovers(cond toxics.Condition) scenario.Scenario {
+	// The sessions authenticate so that the transfer is one Part 4
+	// allows: the same user, or anonymous over Sign/SignAndEncrypt.
+	id, idErr := transferAs(cond)
+	// The checks whose configs are known up front; the workload adds the
+	// transferred stream's window and the quiet span once measured
+	// (Run.Check). A run that ends before its judgement (its timeout, an
+	// interrupt) saves its history judged by these.
+	reactivation := check.Spec{Name: "reactivation", Config: check.ReactivationConfig{Faults: []string{faultPartition}, MaxDelay: maxReactivate}}
+	sequence := check.Spec{Name: "sequence", Config: check.SequenceConfig{Subscriptions: []string{subscription}}}
+	servesAgain := check.Spec{Name: "serves-again", Config: check.ServesAgainConfig{Faults: []string{faultKill}, Kinds: []history.Kind{history.KindRead}, MaxDelay: maxServe}}
+	s := scenario.Scenario{
+		Property: property, Name: "partition-transfer-kill", Condition: cond,
+		Requires: []string{"cpu-limit"},
+		Server:   serverSettings(),
+		Checks:   []check.Spec{reactivation, sequence, servesAgain},
+	}
+	s.Workload = func(ctx context.Context, r *scenario.Run) (err error) {
+		if idErr != nil {
+			return fmt.Errorf("the sessions' identity for the transfer: %w", idErr)
+		}
+		cfg, lt, err := lifetimes(ctx, r.Env, "c1")
+		if err != nil {
+			return err
+		}
 		granted, session := lt.Channel, lt.Session
 		part, err := nemesis.PartitionFor(lt)
-		Expect(err).NotTo(HaveOccurred(), "a partition between the granted channel lifetime and session timeout")
-		// The sessions authenticate so that the transfer is one Part 4
-		// allows: the same user, or anonymous over Sign/SignAndEncrypt.
-		as, noTransfer, err := transferAs(&cfg, cond)
-		Expect(err).NotTo(HaveOccurred(), "the sessions' identity for the transfer")
-		GinkgoWriter.Printf("sessions: %s\n", as)
-		rec := h.NewRecorder(map[string]string{"condition": cond.Name, "partition": part.String(),
-			"channel_lifetime": granted.String(), "session_timeout": session.String(), "sessions_as": as})
-		_, err = spec.Apply(ctx, e, rec, cond)
-		Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
+		if err != nil {
+			return fmt.Errorf("a partition between the granted channel lifetime and session timeout: %w", err)
+		}
+		id.apply(&cfg)
+		r.Rec.SetLabel("partition", part.String())
+		r.Rec.SetLabel("channel_lifetime", granted.String())
+		r.Rec.SetLabel("session_timeout", session.String())
+		r.Rec.SetLabel("sessions_as", id.as)
+		r.Figures["partition_ms"] = float64(part / time.Millisecond)
 
-		c1, err := reconnect.Open(ctx, rec, cfg, "s1")
-		DeferCleanup(func(ctx context.Context) { _ = c1.Close(ctx) }, NodeTimeout(10*time.Second))
-		Expect(err).NotTo(HaveOccurred(), "open session")
+		c1, close1, err := open(ctx, r.Rec, cfg, "s1")
+		if err != nil {
+			return fmt.Errorf("open session: %w", err)
+		}
+		defer close1()
 		nodes := make([]*ua.NodeID, items)
 		for i := range nodes {
 			nodes[i] = ua.NewStringNodeID(1, fmt.Sprintf("SampledCounter.%d", i))
 		}
-		sub, err := c1.Subscribe(ctx, "sub1", nodes, sampling, publishing, queue)
-		Expect(err).NotTo(HaveOccurred(), "subscribe")
+		sub, err := c1.Subscribe(ctx, subscription, nodes, sampling, publishing, queue)
+		if err != nil {
+			return fmt.Errorf("subscribe: %w", err)
+		}
 		// The stream is judged at the interval the server granted: a
 		// server may revise a short one up to its minimum (open62541:
 		// 50 ms).
 		if sub.Sampling != sampling {
-			rec.Mark("sampling-revised", fmt.Sprintf("%v requested, %v granted", sampling, sub.Sampling))
-			GinkgoWriter.Printf("sampling: %v requested, %v granted\n", sampling, sub.Sampling)
+			r.Rec.Mark("sampling-revised", fmt.Sprintf("%v requested, %v granted", sampling, sub.Sampling))
 		}
-		// The checks whose configs are known now; Judge adds the
-		// transferred stream's window and the quiet span once measured.
-		// A spec that ends before Judge (its timeout, an interrupt) saves
-		// its history judged by these.
-		reactivation := check.Spec{Name: "reactivation", Config: check.ReactivationConfig{Faults: []string{faultPartition}, MaxDelay: maxReactivate}}
-		sequence := check.Spec{Name: "sequence", Config: check.SequenceConfig{Subscriptions: []string{sub.Label}}}
-		servesAgain := check.Spec{Name: "serves-again", Config: check.ServesAgainConfig{Faults: []string{faultKill}, Kinds: []history.Kind{history.KindRead}, MaxDelay: maxServe}}
-		spec.Plan(reactivation, sequence, servesAgain)
 		stop := run(ctx, sub, c1)
+		defer func() { _ = stop() }()
 		pause(ctx, warm)
 
-		By(fmt.Sprintf("partitioning the network for %v (channel lifetime %v, session timeout %v)", part, granted, session))
-		undo, err := spec.Inject(ctx, e, rec, nemesis.Partition(faultPartition, env.ProxyName))
-		Expect(err).NotTo(HaveOccurred(), "partition")
-		pause(ctx, part)
-		Expect(undo(ctx)).To(Succeed(), "end the partition")
-		quietFrom := rec.Now()
-		GinkgoWriter.Printf("publish loop during the partition: %v\n", stop())
-
-		By("activating the session on a new secure channel")
-		rctx, cancel := context.WithTimeout(ctx, 2*maxReactivate)
-		err = c1.Reactivate(rctx)
-		cancel()
+		r.Rec.Mark("partitioning the network", fmt.Sprintf("for %v (channel lifetime %v, session timeout %v)", part, granted, session))
+		partition, err := nemesis.Inject(ctx, r.Target, r.Rec, nemesis.Partition(faultPartition, env.ProxyName))
 		if err != nil {
+			return fmt.Errorf("partition: %w", err)
+		}
+		defer func() { err = errors.Join(err, partition.Undo(ctx)) }()
+		pause(ctx, part)
+		if err := partition.Undo(ctx); err != nil {
+			return fmt.Errorf("end the partition: %w", err)
+		}
+		quietFrom := r.Rec.Now()
+		r.Rec.Mark("publish-loop", fmt.Sprintf("during the partition: %v", stop()))
+
+		r.Rec.Mark("activating the session on a new secure channel", "")
+		rctx, cancel := context.WithTimeout(ctx, 2*maxReactivate)
+		rerr := c1.Reactivate(rctx)
+		cancel()
+		if rerr != nil {
 			// What a client does when its session cannot move: a new
 			// session, which takes the subscription along.
-			GinkgoWriter.Printf("reactivation refused (%v): new session and TransferSubscriptions\n", err)
-			Expect(c1.NewSession(ctx, "s1-new")).To(Succeed(), "new session after a refused reactivation")
-			Expect(sub.Transfer(ctx, c1)).To(Succeed(), "take the subscription to the new session")
+			r.Rec.Mark("reactivation-refused", fmt.Sprintf("%v: new session and TransferSubscriptions", rerr))
+			if err := c1.NewSession(ctx, "s1-new"); err != nil {
+				return fmt.Errorf("new session after a refused reactivation: %w", err)
+			}
+			if err := sub.Transfer(ctx, c1); err != nil {
+				return fmt.Errorf("take the subscription to the new session: %w", err)
+			}
 		}
 		stop = run(ctx, sub, c1)
 		pause(ctx, settle)
 
-		By("republishing the messages the partition lost")
+		r.Rec.Mark("republishing the messages the partition lost", "")
 		n, err := sub.Recover(ctx, c1)
-		Expect(err).NotTo(HaveOccurred(), "republish")
-		GinkgoWriter.Printf("republish: asked for %d message(s)\n", n)
+		if err != nil {
+			return fmt.Errorf("republish: %w", err)
+		}
+		r.Rec.Mark("republish", fmt.Sprintf("asked for %d message(s)", n))
 
-		By("transferring the subscription to a new session")
+		r.Rec.Mark("transferring the subscription to a new session", "")
 		cfg.Client = "c2"
-		c2, err := reconnect.Open(ctx, rec, cfg, "s2")
-		DeferCleanup(func(ctx context.Context) { _ = c2.Close(ctx) }, NodeTimeout(10*time.Second))
-		Expect(err).NotTo(HaveOccurred(), "open the second session")
-		transferAt := rec.Now()
+		c2, close2, err := open(ctx, r.Rec, cfg, "s2")
+		if err != nil {
+			return fmt.Errorf("open the second session: %w", err)
+		}
+		// the Publish loop, on either session, stops before the session
+		// closes
+		defer func() { _ = stop(); close2() }()
+		transferAt := r.Rec.Now()
 		// The transfer's answer is an op of the history, judged by the
 		// transfer check: a server without TransferSubscriptions
 		// (BadServiceUnsupported) leaves the stream on the first session
 		// and the check reads skip (the row partial), a refused transfer
 		// fails it.
 		owner := c2
-		if noTransfer != "" {
-			GinkgoWriter.Printf("no transfer: %s: the stream stays on the first session\n", noTransfer)
+		if id.skip != "" {
+			r.Rec.Mark("no-transfer", id.skip+": the stream stays on the first session")
 			owner = c1
 		} else if err := sub.Transfer(ctx, c2); err != nil {
-			GinkgoWriter.Printf("%v: the stream stays on the first session\n", err)
+			r.Rec.Mark("no-transfer", fmt.Sprintf("%v: the stream stays on the first session", err))
 			owner = c1
 		} else {
-			GinkgoWriter.Printf("publish loop of the first session: %v\n", stop())
+			r.Rec.Mark("publish-loop", fmt.Sprintf("of the first session: %v", stop()))
 			stop = run(ctx, sub, c2)
 		}
 		pause(ctx, streamed)
-		GinkgoWriter.Printf("publish loop of the stream's session: %v\n", stop())
-		_, err = sub.Recover(ctx, owner)
-		Expect(err).NotTo(HaveOccurred(), "republish after the transfer")
+		r.Rec.Mark("publish-loop", fmt.Sprintf("of the stream's session: %v", stop()))
+		if _, err := sub.Recover(ctx, owner); err != nil {
+			return fmt.Errorf("republish after the transfer: %w", err)
+		}
 
-		By("asking for the subscription from an anonymous session over None, which Part 4 refuses")
-		anonymousTransfer(ctx, rec, e.Endpoint, sub)
+		r.Rec.Mark("asking for the subscription from an anonymous session over None, which Part 4 refuses", "")
+		anonymousTransfer(ctx, r.Rec, r.Env.Endpoint, sub)
 
-		By(fmt.Sprintf("killing the server with SIGKILL for %v and restarting it", down))
-		Expect(c2.Read(ctx)).To(Succeed(), "read before the kill")
-		quietTo := rec.Now()
-		undo, err = spec.Inject(ctx, e, rec, nemesis.Kill(faultKill))
-		Expect(err).NotTo(HaveOccurred(), "kill")
+		r.Rec.Mark("killing the server", fmt.Sprintf("with SIGKILL for %v and restarting it", down))
+		if err := c2.Read(ctx); err != nil {
+			return fmt.Errorf("read before the kill: %w", err)
+		}
+		quietTo := r.Rec.Now()
+		kill, err := nemesis.Inject(ctx, r.Target, r.Rec, nemesis.Kill(faultKill))
+		if err != nil {
+			return fmt.Errorf("kill: %w", err)
+		}
+		defer func() { err = errors.Join(err, kill.Undo(ctx)) }()
 		pause(ctx, down)
-		Expect(undo(ctx)).To(Succeed(), "restart")
+		if err := kill.Undo(ctx); err != nil {
+			return fmt.Errorf("restart: %w", err)
+		}
 		// The session is gone with the process: reactivate, then a new
 		// session, until a Read is served.
 		deadline := time.Now().Add(2 * maxServe)
@@ -283,7 +368,7 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 			err := c2.Reactivate(rctx)
 			cancel()
 			if err != nil {
-				if err := c2.NewSession(ctx, fmt.Sprintf("s2-restart-%d", rec.Now()/time.Millisecond)); err != nil {
+				if err := c2.NewSession(ctx, fmt.Sprintf("s2-restart-%d", r.Rec.Now()/time.Millisecond)); err != nil {
 					pause(ctx, 200*time.Millisecond)
 					continue
 				}
@@ -299,8 +384,7 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 		// restarts the server: its CPU is the fault's own).
 		quiet := scenario.Quiet(check.Span{From: quietFrom, To: quietTo, Window: 2 * time.Second})
 		quiet.Stage = check.Assumption
-		spec.Judge(ctx, property, cond.Name, rec, map[string]float64{"partition_ms": float64(part / time.Millisecond)},
-			reactivation, sequence,
+		r.Check(
 			check.Spec{Name: "transfer-stream", Config: check.TransferConfig{Subscriptions: []string{sub.Label}, Stream: check.SamplingConfig{
 				Span:     check.Span{From: judgedFrom, To: transferAt + streamed - 500*time.Millisecond},
 				Interval: sub.Sampling, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.95, MaxGap: max(maxGap, 2*sub.Sampling),
@@ -309,11 +393,80 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 				// sendInitialValues), and a republished message repeats
 				// what the client may have half received
 				AllowDuplicates: true,
-			}, Skip: noTransfer}},
+			}, Skip: id.skip}},
 			check.Spec{Name: "transfer-refusal", Config: check.TransferRefusalConfig{}},
-			servesAgain, quiet,
+			quiet,
 		)
-	}, spec.Entries(toxics.CI(), catches, SpecTimeout(3*time.Minute)),
+		return nil
+	}
+	return s
+}
+
+// soak keeps serving a reconnecting client through a seeded schedule of
+// pauses, kills, SIGTERMs, partitions and toxics of runFor less 5 s
+// (nemesis.ProcessSchedule, drawn from the run's seed and the lifetimes
+// the server grants), read every readEvery. After every fault the client
+// is served again within maxServe (a restarted server included); after
+// every partition it took its session to a new channel instead of
+// creating one. A schedule without partition (a short soak) judges the
+// first only.
+//
+// The schedule's process faults need the lifetimes the server grants, so
+// the workload runs it (nemesis.RunSteps), not the runner's Schedule; a
+// step the target cannot host is left out.
+func soak(runFor time.Duration) scenario.Scenario {
+	s := scenario.Scenario{Property: property, Name: "nemesis", Condition: toxics.Scheduled, Server: serverSettings()}
+	s.Workload = func(ctx context.Context, r *scenario.Run) error {
+		cfg, lt, err := lifetimes(ctx, r.Env, "reader")
+		if err != nil {
+			return err
+		}
+		granted, session := lt.Channel, lt.Session
+		steps, err := nemesis.ProcessSchedule(r.Seed, runFor-5*time.Second, lt)
+		if err != nil {
+			return fmt.Errorf("draw the schedule: %w", err)
+		}
+		var names, partitions, planned []string
+		for _, st := range steps {
+			planned = append(planned, fmt.Sprintf("%s (%s) at %v for %v", st.Fault.Name(), st.Fault.Detail(), st.At, st.For))
+			names = append(names, st.Fault.Name())
+			if strings.HasPrefix(st.Fault.Name(), "partition-") {
+				partitions = append(partitions, st.Fault.Name())
+			}
+		}
+		checks := []check.Spec{{Name: "process-serves-again", Config: check.ServesAgainConfig{Faults: names, Kinds: []history.Kind{history.KindRead}, MaxDelay: maxServe}}}
+		if len(partitions) > 0 {
+			checks = append(checks, check.Spec{Name: "process-reactivation", Config: check.ReactivationConfig{Faults: partitions, MaxDelay: maxReactivate}})
+		}
+		r.Check(checks...)
+		r.Rec.SetLabel("nemesis", fmt.Sprintf("%d steps from seed %d", len(steps), r.Seed))
+		r.Rec.SetLabel("channel_lifetime", granted.String())
+		r.Rec.SetLabel("session_timeout", session.String())
+		r.Rec.Mark("nemesis-schedule", strings.Join(planned, "; "))
+		c, closeClient, err := open(ctx, r.Rec, cfg, "r0")
+		if err != nil {
+			return fmt.Errorf("open session: %w", err)
+		}
+		defer closeClient()
+
+		r.Rec.Mark("reading through the faults", fmt.Sprintf("every %v through %d faults for %v", readEvery, len(steps), runFor))
+		wait := nemesis.RunSteps(ctx, r.Target, r.Rec, steps)
+		recoveries := keepReading(ctx, c, runFor+settle)
+		if err := wait(); err != nil {
+			return fmt.Errorf("nemesis schedule: %w", err)
+		}
+		r.Figures["nemesis.steps"] = float64(len(steps))
+		r.Figures["recoveries"] = float64(recoveries)
+		r.Figures["channel_lifetime_ms"] = float64(granted / time.Millisecond)
+		r.Figures["session_timeout_ms"] = float64(session / time.Millisecond)
+		return nil
+	}
+	return s
+}
+
+var _ = Describe("Recovery after broken connections and restarts", spec.Property(property), func() {
+	DescribeTable("takes its session to a new channel after a partition, republishes what it lost, transfers its subscription without a gap and serves again after kill -9", h.Scenario(recovers),
+		spec.Entries(toxics.CI(), catches, SpecTimeout(3*time.Minute)),
 		// anonymous sessions over SignAndEncrypt: the transfer Part 4
 		// allows without a user
 		spec.Entries(toxics.Secured(toxics.SecuritySignEncrypt, toxics.Baseline), nil, SpecTimeout(3*time.Minute), spec.Nightly))
@@ -323,43 +476,6 @@ var _ = Describe("Recovery after broken connections and restarts", spec.Property
 	// schedule holds a partition; it is not labelled for the fault matrix,
 	// whose seed may draw none: the CI spec above is.
 	It("keeps serving a reconnecting client through a seeded schedule of pauses, kills, SIGTERMs, partitions and toxics", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
-		soak := spec.SoakFor()
-		e, cfg, lt := start(ctx, toxics.Scheduled, "reader")
-		granted, session := lt.Channel, lt.Session
-		steps, err := nemesis.ProcessSchedule(GinkgoRandomSeed(), soak-5*time.Second, lt)
-		Expect(err).NotTo(HaveOccurred(), "draw the schedule")
-		var names, partitions []string
-		for _, st := range steps {
-			GinkgoWriter.Printf("nemesis: %s (%s) at %v for %v\n", st.Fault.Name(), st.Fault.Detail(), st.At, st.For)
-			names = append(names, st.Fault.Name())
-			if strings.HasPrefix(st.Fault.Name(), "partition-") {
-				partitions = append(partitions, st.Fault.Name())
-			}
-		}
-		// After every fault the client is served again within maxServe
-		// (a restarted server included); after every partition it took
-		// its session to a new channel instead of creating one. A
-		// schedule without partition (a short soak) judges the first only.
-		checks := []check.Spec{{Name: "process-serves-again", Config: check.ServesAgainConfig{Faults: names, Kinds: []history.Kind{history.KindRead}, MaxDelay: maxServe}}}
-		if len(partitions) > 0 {
-			checks = append(checks, check.Spec{Name: "process-reactivation", Config: check.ReactivationConfig{Faults: partitions, MaxDelay: maxReactivate}})
-		}
-		spec.Plan(checks...)
-		rec := h.NewRecorder(map[string]string{"condition": toxics.Scheduled.Name,
-			"nemesis":          fmt.Sprintf("%d steps from seed %d", len(steps), GinkgoRandomSeed()),
-			"channel_lifetime": granted.String(), "session_timeout": session.String()})
-		c, err := reconnect.Open(ctx, rec, cfg, "r0")
-		DeferCleanup(func(ctx context.Context) { _ = c.Close(ctx) }, NodeTimeout(10*time.Second))
-		Expect(err).NotTo(HaveOccurred(), "open session")
-
-		By(fmt.Sprintf("reading every %v through %d faults for %v", readEvery, len(steps), soak))
-		wait := nemesis.RunSteps(ctx, e, rec, steps)
-		DeferCleanup(func(ctx context.Context) error { return wait() }, NodeTimeout(nemesis.UndoTimeout+time.Second))
-		recoveries := keepReading(ctx, c, soak+settle)
-		Expect(wait()).To(Succeed(), "nemesis schedule")
-		spec.Judge(ctx, property, toxics.Scheduled.Name, rec, map[string]float64{
-			"nemesis.steps": float64(len(steps)), "recoveries": float64(recoveries),
-			"channel_lifetime_ms": float64(granted / time.Millisecond), "session_timeout_ms": float64(session / time.Millisecond),
-		}, checks...)
+		h.Run(ctx, soak(spec.SoakFor()))
 	}, spec.SoakTimeout(2*time.Minute))
 })

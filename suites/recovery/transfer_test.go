@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/gopcua/opcua/ua"
-	. "github.com/onsi/ginkgo/v2"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/probe"
@@ -22,33 +21,53 @@ import (
 // Part 4 (5.14.7.1) lets take a subscription is at hand.
 const noTransferIdentity = "no declared user and no signed endpoint: Part 4 allows transfer only for the same user, or anonymous over Sign/SignAndEncrypt"
 
-// transferAs sets up cfg so that its sessions may take each other's
-// subscriptions as Part 4 (5.14.7.1) allows: anonymous over cond's
-// channel security when cond is secured; else as the first declared user
-// (the target's users, OPCUA_CHAOS_USERS) that activates; else anonymous
-// over the strongest secured mode the server offers, with the run's
-// client certificate (the same ApplicationUri for every session). It
-// returns how the sessions authenticate, or a reason to skip the transfer
-// (noTransferIdentity) when none of these is possible; an error when the
-// client certificate cannot be made.
-func transferAs(cfg *reconnect.Config, cond toxics.Condition) (as, skip string, err error) {
+// identity is how the spec's sessions authenticate so that they may take
+// each other's subscriptions (transferAs).
+type identity struct {
+	// as says how, for the history's labels.
+	as string
+	// skip is why the spec does not transfer (noTransferIdentity), or "".
+	skip string
+	// user and password are the sessions' user ("" is anonymous).
+	user, password string
+	// security is the sessions' channel security (the zero value: None).
+	security secure.Config
+}
+
+// apply sets cfg's user and channel security to id's.
+func (id identity) apply(cfg *reconnect.Config) {
+	cfg.User, cfg.Password, cfg.Security = id.user, id.password, id.security
+}
+
+// transferAs returns how the spec's sessions authenticate so that they
+// may take each other's subscriptions as Part 4 (5.14.7.1) allows:
+// anonymous over cond's channel security when cond is secured; else as
+// the first declared user (the target's users, OPCUA_CHAOS_USERS) that
+// activates; else anonymous over the strongest secured mode the server
+// offers, with the run's client certificate (the same ApplicationUri for
+// every session); else anonymous over None with a reason to skip the
+// transfer (noTransferIdentity). It is an error when the client
+// certificate cannot be made. It runs in the spec, before the scenario:
+// a secured mode the target does not offer skips the spec (h.Security).
+func transferAs(cond toxics.Condition) (identity, error) {
 	if cond.SecurityMode() != toxics.SecurityNone {
-		if cfg.Security, err = h.Security(cond); err != nil {
-			return "", "", err
+		sec, err := h.Security(cond)
+		if err != nil {
+			return identity{}, err
 		}
-		return "anonymous over " + cfg.Security.Name(), "", nil
+		return identity{as: "anonymous over " + sec.Name(), security: sec}, nil
 	}
 	if u, ok := declaredUser(); ok {
-		cfg.User, cfg.Password = u.Name, u.Password
-		return "user " + u.Name, "", nil
+		return identity{as: "user " + u.Name, user: u.Name, password: u.Password}, nil
 	}
 	if mode := probe.SecuredMode(h.Setup.Probe.Security); mode != ua.MessageSecurityModeNone {
-		if cfg.Security, err = h.Security(cond.WithSecurity(secure.Name(mode))); err != nil {
-			return "", "", err
+		sec, err := h.Security(cond.WithSecurity(secure.Name(mode)))
+		if err != nil {
+			return identity{}, err
 		}
-		return "anonymous over " + cfg.Security.Name(), "", nil
+		return identity{as: "anonymous over " + sec.Name(), security: sec}, nil
 	}
-	return "anonymous over none", noTransferIdentity, nil
+	return identity{as: "anonymous over none", skip: noTransferIdentity}, nil
 }
 
 // declaredUser is the first of the target's declared users that
@@ -73,13 +92,14 @@ func declaredUser() (target.User, bool) {
 // without security, for sub: a conformant server refuses with
 // BadUserAccessDenied (Part 4, 5.14.7.1). The answer is a
 // history.KindTransferRefusal op, judged by check.TransferRefusal; a server
-// that offers no channel without security is not asked (no op).
+// that offers no channel without security is not asked (no op). What it
+// came to is a mark of the history ("anonymous-transfer").
 func anonymousTransfer(ctx context.Context, rec *history.Recorder, endpoint string, sub *reconnect.Subscription) {
 	octx, cancel := context.WithTimeout(ctx, maxServe)
 	defer cancel()
 	c, err := uaclient.Open(octx, endpoint, uaclient.SessionName("s3-anonymous"), uaclient.RequestTimeout(5*time.Second))
 	if err != nil {
-		GinkgoWriter.Printf("anonymous session over none: %v: its transfer is not tried\n", err)
+		rec.Mark("anonymous-transfer", fmt.Sprintf("anonymous session over none: %v: its transfer is not tried", err))
 		return
 	}
 	defer func() {
@@ -109,7 +129,7 @@ func anonymousTransfer(ctx context.Context, rec *history.Recorder, endpoint stri
 	}
 	if err == nil {
 		rec.OK(ref)
-		GinkgoWriter.Printf("anonymous transfer over none of %s: accepted\n", sub.Label)
+		rec.Mark("anonymous-transfer", fmt.Sprintf("anonymous transfer over none of %s: accepted", sub.Label))
 		return
 	}
 	var code ua.StatusCode
@@ -118,5 +138,5 @@ func anonymousTransfer(ctx context.Context, rec *history.Recorder, endpoint stri
 		status = uint32(code)
 	}
 	rec.Fail(ref, status, err)
-	GinkgoWriter.Printf("anonymous transfer over none of %s: %v\n", sub.Label, err)
+	rec.Mark("anonymous-transfer", fmt.Sprintf("anonymous transfer over none of %s: %v", sub.Label, err))
 }
