@@ -2,14 +2,15 @@ package backpressure_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"maps"
+	"io"
 	"slices"
+	"testing"
 	"time"
 
 	"github.com/gopcua/opcua/ua"
 	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
 	"github.com/onsi/gomega/gmeasure"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
@@ -17,11 +18,20 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
+
+const property = "backpressure"
+
+// h runs the suite's scenarios; spec.Bootstrap fills it before the first
+// spec.
+var h = spec.Bootstrap()
+
+func TestBackpressure(t *testing.T) { spec.RunSuite(t, property) }
 
 // Load shapes and bounds of the backpressure specs.
 const (
@@ -200,14 +210,15 @@ func settle(ctx context.Context, mon *env.Monitor) {
 // memory and CPU, into the history as it took them) and returns the
 // server's usage (nil for a target without container: memory is then not
 // judged, and the check says so).
-func stopMonitor(mon *env.Monitor) *env.UsageSummary {
-	GinkgoHelper()
+func stopMonitor(mon *env.Monitor) (*env.UsageSummary, error) {
 	if mon == nil {
-		return nil
+		return nil, nil
 	}
 	us, err := mon.Stop()
-	Expect(err).NotTo(HaveOccurred(), "sample server usage")
-	return &us
+	if err != nil {
+		return nil, fmt.Errorf("sample server usage: %w", err)
+	}
+	return &us, nil
 }
 
 // Client-side counts the checks read, recorded as readings.
@@ -226,11 +237,11 @@ func sessionsOpened(name string, n int) check.Spec {
 }
 
 // diagnostics reads the reference server's backpressure counters at the
-// end of a spec into figs under prefix and records the pending-response
-// counters into rec for the backpressure check (targets without the
-// diagnostics report nothing).
-func diagnostics(ctx context.Context, e *env.Env, rec *history.Recorder, prefix string, figs map[string]float64) {
-	GinkgoHelper()
+// end of a run into its figures under prefix and records the
+// pending-response counters into its history for the backpressure check
+// (targets without the diagnostics report nothing).
+func diagnostics(ctx context.Context, r *scenario.Run, prefix string) {
+	e, rec, figs := r.Env, r.Rec, r.Figures
 	if !serverRuns(ctx, e, rec) {
 		// A server that died under the load (e.g. killed for its
 		// memory limit) has no counters to read: survival names it.
@@ -240,14 +251,14 @@ func diagnostics(ctx context.Context, e *env.Env, rec *history.Recorder, prefix 
 	// The counters are reported, and two of them read by the
 	// backpressure check: a server too stalled to answer them (the
 	// stall and exactly-once checks judge it over the wire) must not end
-	// the spec before Judge. The read is marked unread instead, and the
-	// checks that needed the counters say they were not judged.
+	// the spec before Judge. The read is marked unread instead (in the
+	// history and the row's figures), and the checks that needed the
+	// counters say they were not judged.
 	dctx, cancel := context.WithTimeout(ctx, diagnosticsTimeout)
 	defer cancel()
 	got, err := watch.ReadDiagnostics(dctx, e, diagnosticNodes)
 	if err != nil {
 		rec.Mark("diagnostics", "not read: "+err.Error())
-		GinkgoWriter.Printf("diagnostics not read: %v\n", err)
 		figs[prefix+"unread"] = 1
 		return
 	}
@@ -357,33 +368,33 @@ var deepCatches = append(slices.Clone(catches), catalog.FaultLateResume)
 // that resumes reading late, with its counters and without them.
 var refillCatches = []catalog.Fault{catalog.FaultLateResume, catalog.FaultLateResumeSilent}
 
-// start requires what cond needs of the target and caps (the deep and slow
-// reader specs read ServerStatus only: the condition is all they need), so
-// that a spec the target cannot run is skipped before anything starts;
-// then it starts the environment, puts it under cond for the rest of the
-// spec, recorded in the spec's recorder, and starts the server's monitor
-// (nil without a server container).
-func start(ctx context.Context, cond toxics.Condition, caps ...string) (*env.Env, *history.Recorder, *env.Monitor) {
-	GinkgoHelper()
-	h.Require(spec.Needs(cond, caps...)...)
-	e, err := h.StartUnder(ctx, cond)
-	Expect(err).NotTo(HaveOccurred(), "start environment")
-	rec := h.NewRecorder(map[string]string{"condition": cond.Name, "security": cond.SecurityMode()})
-	serverRuns(ctx, e, rec) // the first reading survival compares with
-	_, err = spec.Apply(ctx, e, rec, cond)
-	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
-	return e, rec, spec.MonitorServer(ctx, e, rec)
+// watchServer takes the first reading of the server's state (which
+// survival compares with) and starts the server's monitor (nil without a
+// server container). The runner has put the target under the scenario's
+// condition by then.
+func watchServer(ctx context.Context, r *scenario.Run) *env.Monitor {
+	serverRuns(ctx, r.Env, r.Rec)
+	return spec.MonitorServer(ctx, r.Env, r.Rec)
 }
 
-var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
-	// catches fault slow-leak (nemesis-trend: a leak)
-	It("serves 10 sessions × 1000 outstanding Reads through a seeded nemesis schedule, exactly once, in bounded memory", Label("soak"), spec.Condition(toxics.Scheduled.Name), spec.Catches(catalog.FaultSlowLeak), func(ctx SpecContext) {
-		runFor := spec.SoakFor()
-		// Nothing in the schedule closes a connection: no errors, no
-		// channel faults, every request answered exactly once; a throttled
-		// or starved server slows down but never stops for 5 s, and holds
-		// its memory within the deep bounds.
-		checks := []check.Spec{
+// profiler writes heap profiles of the load driver at offsets from now
+// (spec.ProfileDriver); its stop cancels those not written yet.
+type profiler func(ctx context.Context, at ...time.Duration) (stop func())
+
+// nemesisSoak serves 10 sessions × 1000 outstanding Reads for runFor
+// through a seeded nemesis schedule (the runner's, over runFor less 5 s).
+// Nothing in the schedule closes a connection: no errors, no channel
+// faults, every request answered exactly once; a throttled or starved
+// server slows down but never stops for 5 s, and holds its memory within
+// the deep bounds. Over the soak the server's memory does not keep
+// growing, its throughput does not drift down and its sessions and
+// connections do not keep growing. The driver's heap is profiled by
+// profile (after warm-up, the trend checker's fifth of the run, and 10 s
+// before the load ends) and the history's spill is told on log.
+func nemesisSoak(runFor time.Duration, profile profiler, log io.Writer) scenario.Scenario {
+	s := scenario.Scenario{
+		Property: property, Name: "nemesis", Condition: toxics.Scheduled, Schedule: runFor - 5*time.Second,
+		Checks: []check.Spec{
 			{Name: "nemesis-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
 			{Name: "nemesis-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: 5 * time.Second}},
 			{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
@@ -396,47 +407,56 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 			{Name: "nemesis-trend", Config: check.TrendConfig{Kinds: judged,
 				Counts: []history.Kind{history.KindSessionCount, history.KindConnectionCount}}},
 			spec.Headroom(0), // the schedule changes the server's limit
-		}
-		spec.Plan(checks...)
-		e, err := h.Start(ctx)
-		Expect(err).NotTo(HaveOccurred(), "start environment")
-		rec := h.NewRecorder(map[string]string{"condition": toxics.Scheduled.Name})
-		serverRuns(ctx, e, rec)
-		mon := spec.MonitorServer(ctx, e, rec)
+		},
+	}
+	s.Workload = func(ctx context.Context, r *scenario.Run) (err error) {
+		e, rec := r.Env, r.Rec
+		mon := watchServer(ctx, r)
 		rss := load.SampleRSS(ctx, rec, 5*time.Second)
 		// what the driver keeps: heap profiles after warm-up (the trend
 		// checker's, a fifth of the run) and 10 s before the load ends
-		heap := spec.ProfileDriver(ctx, max(runFor/5, 10*time.Second), runFor-10*time.Second)
+		heap := profile(ctx, max(runFor/5, 10*time.Second), runFor-10*time.Second)
 		w := watch.New(e, rec, watch.Options{Sessions: h.Setup.Probe.StandardDiagnostics.Found, Connections: e.Target.Diagnostics})
-		DeferCleanup(w.Close, NodeTimeout(10*time.Second))
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			if cerr := w.Close(cctx); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("close the server watch: %w", cerr))
+			}
+		}()
 		counts := w.SampleCounts(ctx, 5*time.Second)
-		steps, wait := spec.Nemesis(ctx, e, rec, runFor-5*time.Second)
 		p := load.Pipelined(e.Endpoint, deepSessions, deepOutstanding)
 		p.Name, p.Duration, p.RequestTimeout = "nemesis", runFor, requestTimeout
 		st, err := load.Run(ctx, rec, p)
 		heap()
-		Expect(err).NotTo(HaveOccurred(), "run load")
-		Expect(wait()).To(Succeed(), "nemesis schedule")
+		if err != nil {
+			return fmt.Errorf("run load %s: %w", p.Name, err)
+		}
 		settle(ctx, mon)
 		rss()
 		counts()
-		us := stopMonitor(mon)
-		figs := spec.LoadFigures("nemesis.", st, us)
-		figs["nemesis.steps"] = float64(steps)
+		us, err := stopMonitor(mon)
+		if err != nil {
+			return err
+		}
+		r.AddFigures("", spec.LoadFigures("nemesis.", st, us))
 		sp := rec.History().SpillStats()
-		figs["nemesis.history.spilled_ops"], figs["nemesis.history.spilled_mib"] = float64(sp.Ops), float64(sp.Bytes)/(1<<20)
-		GinkgoWriter.Printf("history: %d ops spilled in %d segments, %.1f MiB on disk (%.1f B/op)\n", sp.Ops, sp.Segments, float64(sp.Bytes)/(1<<20), float64(sp.Bytes)/float64(max(sp.Ops, 1)))
-		diagnostics(ctx, e, rec, "nemesis.diag.", figs)
+		r.Figures["nemesis.history.spilled_ops"], r.Figures["nemesis.history.spilled_mib"] = float64(sp.Ops), float64(sp.Bytes)/(1<<20)
+		fmt.Fprintf(log, "history: %d ops spilled in %d segments, %.1f MiB on disk (%.1f B/op)\n", sp.Ops, sp.Segments, float64(sp.Bytes)/(1<<20), float64(sp.Bytes)/float64(max(sp.Ops, 1)))
+		diagnostics(ctx, r, "nemesis.diag.")
 		rec.Reading(readingSessionsOpened, float64(st.Sessions))
-		spec.Judge(ctx, "backpressure", toxics.Scheduled.Name, rec, figs, checks...)
-	}, spec.SoakTimeout(2*time.Minute))
+		return nil
+	}
+	return s
+}
 
-	// catches fault lost-response (deep-exactly-once: lost responses)
-	// catches fault retain-memory (deep-backpressure: a leak)
-	// catches fault late-resume (deep-backpressure: resumes late)
-	// catches fault crypto-in-gate, under SignAndEncrypt (deep-stall: stalled channels)
-	DescribeTable("serves 10 sessions × 1000 outstanding Reads without errors, channel faults or stalls, in bounded memory", func(ctx SpecContext, cond toxics.Condition) {
-		checks := []check.Spec{
+// deep pipelines deepSessions × deepOutstanding fast Reads for deepFor
+// under cond, the run's length measured in exp: no errors, channel faults
+// or stalls, in bounded memory.
+func deep(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
+	s := scenario.Scenario{
+		Property: property, Name: "deep", Condition: cond,
+		Checks: []check.Spec{
 			// Drained rejections count as errors: a server that
 			// pushes back never needs to refuse a pipeline.
 			{Name: "deep-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
@@ -446,71 +466,98 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 			survival("deep-survival"),
 			sessionsOpened("deep-sessions", deepSessions),
 			spec.Headroom(float64(cond.NanoCPUs) / 1e9),
-		}
-		spec.Plan(checks...)
-		e, rec, mon := start(ctx, cond)
+		},
+	}
+	s.Workload = func(ctx context.Context, r *scenario.Run) error {
+		e, rec := r.Env, r.Rec
+		mon := watchServer(ctx, r)
 
-		By(fmt.Sprintf("pipelining %d × %d Reads for %s", deepSessions, deepOutstanding, deepFor))
+		rec.Mark(fmt.Sprintf("pipelining %d × %d Reads for %s", deepSessions, deepOutstanding, deepFor), "")
 		p := load.Pipelined(e.Endpoint, deepSessions, deepOutstanding)
 		p.Duration, p.RequestTimeout, p.Security = deepFor, deepRequestTimeout, e.Security
-		exp := gmeasure.NewExperiment("deep pipelines")
-		AddReportEntry(exp.Name, exp)
 		var st load.Stats
 		var err error
 		exp.MeasureDuration("run", func() {
 			st, err = load.Run(ctx, rec, p)
 		})
-		Expect(err).NotTo(HaveOccurred(), "run load")
+		if err != nil {
+			return fmt.Errorf("run load: %w", err)
+		}
 
 		settle(ctx, mon)
-		us := stopMonitor(mon)
-		figs := spec.LoadFigures("deep.", st, us)
-		diagnostics(ctx, e, rec, "deep.diag.", figs)
+		us, err := stopMonitor(mon)
+		if err != nil {
+			return err
+		}
+		r.AddFigures("", spec.LoadFigures("deep.", st, us))
+		diagnostics(ctx, r, "deep.diag.")
 		rec.Reading(readingSessionsOpened, float64(st.Sessions))
-		spec.Judge(ctx, "backpressure", cond.Name, rec, figs, checks...)
-	}, spec.Entries(toxics.CI(), deepCatches, SpecTimeout(3*time.Minute)),
-		// SignAndEncrypt breaks deep pipelines first (each response is
-		// signed and encrypted before it leaves): in the CI profile
-		spec.Entries(secured, securedDeepCatches, SpecTimeout(3*time.Minute)))
+		return nil
+	}
+	return s
+}
 
-	// catches fault late-resume (refill-backpressure: resumes late, in its
-	// counters and idle measure)
-	// catches fault late-resume-silent (refill-backpressure: resumed reading
-	// late, in the idle measure)
-	DescribeTable("keeps answering one session's pipeline of long and short Reads while a long one runs (resumes reading by its low mark)", func(ctx SpecContext, cond toxics.Condition) {
-		spec.Plan(refillChecks()...)
-		// Slow.<ms> Reads: a target without them is skipped
-		e, rec, mon := start(ctx, cond, "service-time")
+// refill keeps refillOutstanding Reads of refillRequests outstanding on
+// one session for refillFor under cond (refillChecks). Slow.<ms> Reads: a
+// target without them is skipped.
+func refill(cond toxics.Condition) scenario.Scenario {
+	s := scenario.Scenario{
+		Property: property, Name: "refill", Condition: cond, Requires: []string{"service-time"},
+		Checks: refillChecks(),
+	}
+	s.Workload = func(ctx context.Context, r *scenario.Run) error {
+		e, rec := r.Env, r.Rec
+		mon := watchServer(ctx, r)
 
-		By(fmt.Sprintf("pipelining %d Reads (1 of %v per %d of 6–10 ms) on one session for %s", refillOutstanding, refillLong, refillShorts+1, refillFor))
+		rec.Mark(fmt.Sprintf("pipelining %d Reads (1 of %v per %d of 6–10 ms) on one session for %s", refillOutstanding, refillLong, refillShorts+1, refillFor), "")
 		p := load.Profile{
 			Name: "refill", Endpoint: e.Endpoint, Duration: refillFor, RequestTimeout: deepRequestTimeout, Security: e.Security,
 			Sessions: []load.Session{{Name: "refill", Outstanding: refillOutstanding, Requests: refillRequests()}},
 		}
 		st, err := load.Run(ctx, rec, p)
-		Expect(err).NotTo(HaveOccurred(), "run load")
-		us := stopMonitor(mon)
-		figs := spec.LoadFigures("refill.", st, us)
-		diagnostics(ctx, e, rec, "refill.diag.", figs)
+		if err != nil {
+			return fmt.Errorf("run load %s: %w", p.Name, err)
+		}
+		us, err := stopMonitor(mon)
+		if err != nil {
+			return err
+		}
+		r.AddFigures("", spec.LoadFigures("refill.", st, us))
+		diagnostics(ctx, r, "refill.diag.")
 		rec.Reading(readingSessionsOpened, float64(st.Sessions))
-		spec.Judge(ctx, "backpressure", cond.Name, rec, figs, refillChecks()...)
-	}, spec.Entries([]toxics.Condition{toxics.Baseline}, refillCatches, SpecTimeout(time.Minute)))
+		return nil
+	}
+	return s
+}
 
-	// catches fault retain-memory (slow-backpressure: a leak)
-	DescribeTable("stops reading from a throttled reader and answers its pipeline exactly once when it catches up", func(ctx SpecContext, cond toxics.Condition) {
-		spec.Plan(slowChecks("slow-reader")...)
-		e, rec, mon := start(ctx, cond)
+// slowReader pipelines slowDepth Reads on one session whose responses are
+// throttled to slowKBps for throttleFor, then removes the throttle and
+// drains the pipeline (its drain measured in exp): the server stops
+// reading from the throttled reader (slowChecks) and, once the reader
+// catches up, the channel flows again (slow-drain-stall, planned when the
+// throttle is removed: its span starts there).
+func slowReader(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
+	s := scenario.Scenario{
+		Property: property, Name: "slow-reader", Condition: cond,
+		Checks: slowChecks("slow-reader"),
+	}
+	s.Workload = func(ctx context.Context, r *scenario.Run) (err error) {
+		e, rec := r.Env, r.Rec
+		mon := watchServer(ctx, r)
 
-		By(fmt.Sprintf("throttling responses to %d KB/s", slowKBps))
+		rec.Mark(fmt.Sprintf("throttling responses to %d KB/s", slowKBps), "")
 		throttle := toxics.Bandwidth(toxics.Downstream, slowKBps)
 		throttle.Name = "slow-reader"
-		unthrottle, err := spec.Inject(ctx, e, rec, nemesis.Toxics(throttle.Name, env.ProxyName, throttle))
-		Expect(err).NotTo(HaveOccurred(), "add %s toxic", throttle.Type)
+		in, err := nemesis.Inject(ctx, r.Target, rec, nemesis.Toxics(throttle.Name, env.ProxyName, throttle))
+		if err != nil {
+			return fmt.Errorf("add %s toxic: %w", throttle.Type, err)
+		}
+		defer func() { err = errors.Join(err, in.Undo(ctx)) }() // a no-op once removed below
 		// the server's pending responses while the reader is
 		// throttled: between the marks (where it reports them)
 		pending := watch.SampleDiagnostics(ctx, e, rec, 100*time.Millisecond, "Channel.PendingResponses")
 
-		By(fmt.Sprintf("pipelining %d Reads on one session for %s", slowDepth, throttleFor))
+		rec.Mark(fmt.Sprintf("pipelining %d Reads on one session for %s", slowDepth, throttleFor), "")
 		p := load.Profile{
 			Name: "slow-reader", Endpoint: e.Endpoint, Duration: time.Minute, RequestTimeout: requestTimeout, Security: e.Security,
 			Sessions: []load.Session{{Name: "reader", Outstanding: slowDepth, MaxRequests: slowDepth, Requests: []load.Request{statusRead}}},
@@ -519,21 +566,27 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 			st  load.Stats
 			err error
 		}
+		// the load ends with the workload, whatever ended it
+		lctx, cancel := context.WithCancel(ctx)
+		defer cancel()
 		done := make(chan result, 1)
 		go func() {
-			defer GinkgoRecover()
-			st, err := load.Run(ctx, rec, p)
+			st, err := load.Run(lctx, rec, p)
 			done <- result{st, err}
 		}()
 		select {
 		case <-time.After(throttleFor):
 		case <-ctx.Done():
-			Fail("spec timed out while throttled")
+			return fmt.Errorf("timed out while throttled: %w", context.Cause(ctx))
 		}
-		_, err = pending.Stop()
-		Expect(err).NotTo(HaveOccurred(), "sample pending responses")
-		figs := map[string]float64{}
-		spec.Diagnostics(ctx, e, "slow.diag.throttled.", diagnosticNodes, figs)
+		if _, err := pending.Stop(); err != nil {
+			return fmt.Errorf("sample pending responses: %w", err)
+		}
+		got, err := watch.ReadDiagnostics(ctx, e, diagnosticNodes)
+		if err != nil {
+			return fmt.Errorf("read diagnostics: %w", err)
+		}
+		r.AddFigures("slow.diag.throttled.", got)
 		// Answers only: requests failed by a faulted channel were not
 		// answered, and must not read as a throttle that held nothing
 		// back (fault-on-overflow then read "not judged").
@@ -543,31 +596,71 @@ var _ = Describe("Backpressure", spec.Property("backpressure"), func() {
 				answered++
 			}
 		}
-		figs["slow.answered_throttled"] = float64(answered)
+		r.Figures["slow.answered_throttled"] = float64(answered)
 		rec.Reading(readingAnsweredThrottled, float64(answered))
 
-		By("removing the throttle and draining the pipeline")
+		rec.Mark("removing the throttle and draining the pipeline", "")
 		drainFrom := rec.Now()
-		Expect(unthrottle(ctx)).To(Succeed(), "remove %s toxic", throttle.Type)
-		exp := gmeasure.NewExperiment("slow reader")
-		AddReportEntry(exp.Name, exp)
+		if err := in.Undo(ctx); err != nil {
+			return fmt.Errorf("remove %s toxic: %w", throttle.Type, err)
+		}
+		// once the reader catches up, the channel flows again
+		r.Check(check.Spec{Name: "slow-drain-stall", Config: check.StallConfig{Span: check.Span{From: drainFrom}, Kinds: judged, MaxStall: maxStall(cond)}})
 		var res result
 		exp.MeasureDuration("drain", func() { res = <-done })
-		Expect(res.err).NotTo(HaveOccurred(), "run load")
-		figs["slow.drain_s"] = exp.GetStats("drain").DurationFor(gmeasure.StatMax).Seconds()
-		maps.Copy(figs, spec.Prefixed("slow.", res.st.Figures()))
+		if res.err != nil {
+			return fmt.Errorf("run load %s: %w", p.Name, res.err)
+		}
+		r.Figures["slow.drain_s"] = exp.GetStats("drain").DurationFor(gmeasure.StatMax).Seconds()
+		r.AddFigures("slow.", res.st.Figures())
 		// The reader is throttled on purpose: no client-bound verdict.
 		settle(ctx, mon)
-		if us := stopMonitor(mon); us != nil {
-			maps.Copy(figs, spec.Prefixed("slow.", us.Figures()))
+		us, err := stopMonitor(mon)
+		if err != nil {
+			return err
 		}
-		diagnostics(ctx, e, rec, "slow.diag.", figs)
+		if us != nil {
+			r.AddFigures("slow.", us.Figures())
+		}
+		diagnostics(ctx, r, "slow.diag.")
 
 		rec.Reading(readingRequestsSent, float64(res.st.Requests))
-		spec.Judge(ctx, "backpressure", cond.Name, rec, figs,
-			append(slowChecks(throttle.Name),
-				// once the reader catches up, the channel flows again
-				check.Spec{Name: "slow-drain-stall", Config: check.StallConfig{Span: check.Span{From: drainFrom}, Kinds: judged, MaxStall: maxStall(cond)}})...)
+		return nil
+	}
+	return s
+}
+
+var _ = Describe("Backpressure", spec.Property(property), func() {
+	// catches fault slow-leak (nemesis-trend: a leak)
+	It("serves 10 sessions × 1000 outstanding Reads through a seeded nemesis schedule, exactly once, in bounded memory", Label("soak"), spec.Condition(toxics.Scheduled.Name), spec.Catches(catalog.FaultSlowLeak), func(ctx SpecContext) {
+		h.Run(ctx, nemesisSoak(spec.SoakFor(), spec.ProfileDriver, GinkgoWriter))
+	}, spec.SoakTimeout(2*time.Minute))
+
+	// catches fault lost-response (deep-exactly-once: lost responses)
+	// catches fault retain-memory (deep-backpressure: a leak)
+	// catches fault late-resume (deep-backpressure: resumes late)
+	// catches fault crypto-in-gate, under SignAndEncrypt (deep-stall: stalled channels)
+	DescribeTable("serves 10 sessions × 1000 outstanding Reads without errors, channel faults or stalls, in bounded memory", func(ctx SpecContext, cond toxics.Condition) {
+		exp := gmeasure.NewExperiment("deep pipelines")
+		AddReportEntry(exp.Name, exp)
+		h.Run(ctx, deep(cond, exp))
+	}, spec.Entries(toxics.CI(), deepCatches, SpecTimeout(3*time.Minute)),
+		// SignAndEncrypt breaks deep pipelines first (each response is
+		// signed and encrypted before it leaves): in the CI profile
+		spec.Entries(secured, securedDeepCatches, SpecTimeout(3*time.Minute)))
+
+	// catches fault late-resume (refill-backpressure: resumes late, in its
+	// counters and idle measure)
+	// catches fault late-resume-silent (refill-backpressure: resumed reading
+	// late, in the idle measure)
+	DescribeTable("keeps answering one session's pipeline of long and short Reads while a long one runs (resumes reading by its low mark)", h.Scenario(refill),
+		spec.Entries([]toxics.Condition{toxics.Baseline}, refillCatches, SpecTimeout(time.Minute)))
+
+	// catches fault retain-memory (slow-backpressure: a leak)
+	DescribeTable("stops reading from a throttled reader and answers its pipeline exactly once when it catches up", func(ctx SpecContext, cond toxics.Condition) {
+		exp := gmeasure.NewExperiment("slow reader")
+		AddReportEntry(exp.Name, exp)
+		h.Run(ctx, slowReader(cond, exp))
 	}, spec.Entries(toxics.CI(), catches, SpecTimeout(3*time.Minute)),
 		spec.Entries(secured, nil, SpecTimeout(3*time.Minute), spec.Nightly))
 })
