@@ -2,17 +2,17 @@ package cancellation_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/gopcua/opcua/ua"
 	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
 	"github.com/onsi/gomega/gmeasure"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
@@ -20,13 +20,23 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/secure"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
+
+const property = "cancellation"
+
+// h runs the suite's scenarios; spec.Bootstrap fills it before the first
+// spec.
+var h = spec.Bootstrap()
+
+func TestCancellation(t *testing.T) { spec.RunSuite(t, property) }
 
 // Timeline and load of the cancel storm: a phase of slow reads without
 // cancels, the storm, the same phase again, then a burst.
@@ -107,15 +117,14 @@ func (c canceller) delay(rng *rand.Rand, l time.Duration) time.Duration {
 
 // stormSessions returns the storm's sessions named prefix00…, without
 // Cancels: anonymous ones keep stormOutstanding slow reads in flight, those
-// with an owner of their own one.
-func stormSessions(prefix string) []load.Session {
-	GinkgoHelper()
+// with an owner of their own (a user of t) one.
+func stormSessions(t target.Profile, prefix string) []load.Session {
 	out := load.Sessions(len(cancellers), prefix, load.Session{Outstanding: stormOutstanding, Requests: []load.Request{load.SlowRead(service)}})
 	for i, c := range cancellers {
 		if c.user < 0 {
 			continue
 		}
-		if u, err := h.Setup.Target.User(c.user); err == nil {
+		if u, err := t.User(c.user); err == nil {
 			out[i].User, out[i].Password, out[i].Outstanding = u.Name, u.Password, 1
 		}
 	}
@@ -224,8 +233,9 @@ type victim struct {
 	c       *uaclient.Client
 	wg      sync.WaitGroup
 	closing atomic.Bool
-	// closed is called right after the CloseSession response, if set.
-	closed func(ctx context.Context)
+	// closed is called right after the CloseSession response, if set;
+	// its error is close's.
+	closed func(ctx context.Context) error
 }
 
 // victimSpec shapes a victim: anonymous with victimOutstanding reads unless
@@ -238,9 +248,9 @@ type victimSpec struct {
 }
 
 // openVictim opens a victim session on endpoint with the channel security
-// sec; the open is recorded as a session op.
-func openVictim(ctx context.Context, rec *history.Recorder, sec secure.Config, endpoint, name string, vs ...victimSpec) *victim {
-	GinkgoHelper()
+// sec; the open is recorded as a session op. The caller closes its client
+// once the run is over (victim.close closes it earlier).
+func openVictim(ctx context.Context, rec *history.Recorder, sec secure.Config, endpoint, name string, vs ...victimSpec) (*victim, error) {
 	shape := victimSpec{outstanding: victimOutstanding}
 	if len(vs) > 0 {
 		shape = vs[0]
@@ -258,19 +268,19 @@ func openVictim(ctx context.Context, rec *history.Recorder, sec secure.Config, e
 	} else {
 		rec.OK(ref)
 	}
-	Expect(err).NotTo(HaveOccurred(), "open victim %s", name)
+	if err != nil {
+		return nil, fmt.Errorf("open victim %s: %w", name, err)
+	}
 	v.c = c
-	DeferCleanup(func(ctx context.Context) { _ = c.Close(ctx) }, NodeTimeout(10*time.Second))
 	for range shape.outstanding {
 		v.wg.Add(1)
 		go func() {
-			defer GinkgoRecover()
 			defer v.wg.Done()
 			for !v.closing.Load() && v.read(ctx) {
 			}
 		}()
 	}
-	return v
+	return v, nil
 }
 
 func (v *victim) op(kind history.Kind, node string) history.Op {
@@ -285,16 +295,17 @@ func (v *victim) read(ctx context.Context) bool {
 	ref := v.rec.Invoke(v.op(kindVictim, r.Node.String()))
 	// the client's own request timeout (victimRequestTimeout) bounds it
 	c := load.SendRead(ctx, ctx, v.c, load.ReadRequest(r.Node), victimRequestTimeout)
+	// a read never answered is in the history as a lost response
+	// (race-exactly-once judges it)
 	v.rec.Complete(ref, c)
-	if c.Outcome == history.Lost {
-		GinkgoWriter.Printf("victim %s: read handle %d never answered: %v\n", v.name, c.Handle, c.Err)
-	}
 	return c.Outcome != history.Info
 }
 
 // close closes the session with reads in flight, then waits for them (the
-// channel stays open until they are answered) and closes the client.
-func (v *victim) close(ctx context.Context) {
+// channel stays open until they are answered) and closes the client. It
+// returns the error of the closed callback; a failed CloseSession is in
+// the history.
+func (v *victim) close(ctx context.Context) error {
 	v.closing.Store(true)
 	ref := v.rec.Invoke(v.op(history.KindCloseSession, ""))
 	if err := v.c.CloseSession(ctx); err != nil {
@@ -302,24 +313,44 @@ func (v *victim) close(ctx context.Context) {
 	} else {
 		v.rec.OK(ref)
 	}
+	var err error
 	if v.closed != nil {
-		v.closed(ctx)
+		err = v.closed(ctx)
 	}
 	v.wg.Wait()
 	_ = v.c.Close(ctx)
+	return err
 }
 
-// kill hits the victims' proxy with tox for hold, recorded as fault name.
-func kill(ctx context.Context, e *env.Env, rec *history.Recorder, name string, tox toxics.Toxic, hold time.Duration) {
-	GinkgoHelper()
+// clientCloseTimeout bounds closing a client of the race spec (a
+// victim's, the monitor's, the diagnostics session's) once the run is
+// over.
+const clientCloseTimeout = 10 * time.Second
+
+// closeBounded closes c, bounded by clientCloseTimeout even when ctx has
+// ended; safe after an earlier Close.
+func closeBounded(ctx context.Context, c *uaclient.Client) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), clientCloseTimeout)
+	defer cancel()
+	_ = c.Close(cctx)
+}
+
+// kill hits the victims' proxy of r's target with tox for hold, recorded
+// as fault name; the toxic is removed whatever ended the hold.
+func kill(ctx context.Context, r *scenario.Run, name string, tox toxics.Toxic, hold time.Duration) error {
 	tox.Name = name
-	undo, err := spec.Inject(ctx, e, rec, nemesis.Toxics(name, env.VictimProxyName, tox))
-	Expect(err).NotTo(HaveOccurred(), "add %s toxic", tox.Type)
+	in, err := nemesis.Inject(ctx, r.Target, r.Rec, nemesis.Toxics(name, env.VictimProxyName, tox))
+	if err != nil {
+		return fmt.Errorf("add %s toxic: %w", tox.Type, err)
+	}
 	sleep(ctx, hold)
-	Expect(undo(ctx)).To(Succeed(), "remove %s toxic", tox.Type)
+	if err := in.Undo(ctx); err != nil {
+		return fmt.Errorf("remove %s toxic: %w", tox.Type, err)
+	}
+	return nil
 }
 
-// sleep waits d or until the spec ends.
+// sleep waits d or until the run ends.
 func sleep(ctx context.Context, d time.Duration) {
 	select {
 	case <-time.After(d):
@@ -328,20 +359,31 @@ func sleep(ctx context.Context, d time.Duration) {
 }
 
 // probe opens a fresh session and samples the latency of probeReads
-// sequential reads (fewer where probeFor ends first) into exp as name, recording each into rec as a reading
-// (in ms); it returns the median.
-func probe(ctx context.Context, e *env.Env, rec *history.Recorder, reading string, exp *gmeasure.Experiment, name string) time.Duration {
-	GinkgoHelper()
+// sequential reads (fewer where probeFor ends first) into exp as name,
+// recording each into rec as a reading (in ms); it returns the median. The
+// first read that fails ends the probe with its error.
+func probe(ctx context.Context, e *env.Env, rec *history.Recorder, reading string, exp *gmeasure.Experiment, name string) (time.Duration, error) {
 	c, err := uaclient.Open(ctx, e.Endpoint, uaclient.Security(e.Security))
-	Expect(err).NotTo(HaveOccurred(), "open probe session")
+	if err != nil {
+		return 0, fmt.Errorf("open probe session: %w", err)
+	}
 	defer func() { _ = c.Close(context.WithoutCancel(ctx)) }()
+	var readErr error
 	exp.SampleDuration(name, func(int) {
+		if readErr != nil {
+			return
+		}
 		start := time.Now()
-		_, err := uaclient.ReadValue(ctx, c, uaclient.ServerStatusState)
-		Expect(err).NotTo(HaveOccurred(), "probe read")
+		if _, err := uaclient.ReadValue(ctx, c, uaclient.ServerStatusState); err != nil {
+			readErr = fmt.Errorf("probe read: %w", err)
+			return
+		}
 		rec.Reading(reading, float64(time.Since(start))/float64(time.Millisecond))
 	}, gmeasure.SamplingConfig{N: probeReads, Duration: probeFor})
-	return exp.GetStats(name).DurationFor(gmeasure.StatMedian)
+	if readErr != nil {
+		return 0, readErr
+	}
+	return exp.GetStats(name).DurationFor(gmeasure.StatMedian), nil
 }
 
 // sessionCount reads CurrentSessionCount (i=2277).
@@ -355,127 +397,6 @@ func sessionCount(ctx context.Context, c *uaclient.Client) (uint32, error) {
 		return 0, fmt.Errorf("CurrentSessionCount is %T, want UInt32", v.Value())
 	}
 	return n, nil
-}
-
-// cancelStorm runs the cancel storm under cond: slow reads without
-// cancels, the storm for stormFor (through a nemesis schedule drawn from
-// the suite seed if nemesis), the same reads again, then a burst that fits
-// in the queue. Every request is answered exactly once, no capacity leaks
-// (no rejection, throughput after ≥ minRatio × before) and, without
-// nemesis, the storm's goodput holds too. stream separates the random
-// draws of the specs that share the suite seed. It needs slow reads
-// (Slow.<ms>) and Cancel of the target; storm sessions get owners of their
-// own where the target has users, and share the anonymous owner where not.
-func cancelStorm(ctx context.Context, cond toxics.Condition, stream uint64, stormFor time.Duration, nemesis bool) {
-	GinkgoHelper()
-	h.Require(spec.Needs(cond, "service-time", "cancel")...)
-	var opts []env.Option
-	if isReference() {
-		opts = append(opts, env.WithServerEnv(referenceStorm))
-	}
-	e, err := h.StartUnder(ctx, cond, opts...)
-	Expect(err).NotTo(HaveOccurred(), "start environment")
-	rec := h.NewRecorder(map[string]string{"condition": cond.Name, "security": cond.SecurityMode()})
-	_, err = spec.Apply(ctx, e, rec, cond)
-	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
-	slow := []history.Kind{history.KindSlowRead}
-	// The counts, planned before the load: a spec that ends before Judge
-	// (its timeout, an interrupt) saves its history judged by them.
-	exactlyOnce := check.Spec{Name: "storm-exactly-once", Config: check.ExactlyOnceConfig{Kinds: slow, RequireCancels: true}}
-	spec.Plan(exactlyOnce, sessionsOpened("storm-sessions"))
-	rng := rand.New(rand.NewPCG(uint64(GinkgoRandomSeed()), stream))
-	exp := gmeasure.NewExperiment("cancel storm")
-	AddReportEntry(exp.Name, exp)
-	figs := map[string]float64{}
-
-	phase := func(name string, d time.Duration, sessions []load.Session) time.Duration {
-		GinkgoHelper()
-		start := rec.Now()
-		var st load.Stats
-		var err error
-		exp.MeasureDuration(name, func() {
-			st, err = load.Run(ctx, rec, load.Profile{Name: name, Endpoint: e.Endpoint, Duration: d, RequestTimeout: 30 * time.Second, Sessions: sessions, Security: e.Security})
-		})
-		Expect(err).NotTo(HaveOccurred(), "run %s phase", name)
-		rec.Reading(readingSessionsFailed, float64(st.SessionsFailed))
-		maps.Copy(figs, spec.Prefixed("storm."+name+".", map[string]float64{"requests": float64(st.Requests), "ok": float64(st.OK), "cancels": float64(st.Cancels), "req_s": st.Throughput()}))
-		return start
-	}
-
-	By(fmt.Sprintf("reading slow reads (%s) on %d sessions without cancels", service, len(cancellers)))
-	tBefore := phase("before", phaseFor, stormSessions("before-"))
-	before := history.Window{Start: tBefore + settle, End: tBefore + phaseFor}
-
-	By("cancelling before dispatch, while queued, while running and at completion")
-	storm := stormSessions("storm-")
-	for i, c := range cancellers {
-		// judged by the assumption storm-slow-reads
-		l := medianLatency(rec.History(), fmt.Sprintf("before-%02d", i), before)
-		storm[i].CancelEvery, storm[i].CancelAfter = c.every, c.delay(rng, l)
-		rec.SetLabel("cancel."+storm[i].Name, fmt.Sprintf("%s: every %d after %s (median latency before %s)", c.aim, c.every, storm[i].CancelAfter, l))
-		figs[fmt.Sprintf("storm.cancel.%s.after_ms", storm[i].Name)] = float64(storm[i].CancelAfter) / float64(time.Millisecond)
-		figs[fmt.Sprintf("storm.cancel.%s.median_before_ms", storm[i].Name)] = float64(l) / float64(time.Millisecond)
-	}
-	removed := rec.Fault("cancel-storm", fmt.Sprintf("%d sessions", len(storm)))
-	schedule := func() error { return nil }
-	if nemesis {
-		var steps int
-		steps, schedule = spec.Nemesis(ctx, e, rec, stormFor-2*time.Second)
-		figs["nemesis.steps"] = float64(steps)
-	}
-	tStorm := phase("storm", stormFor, storm)
-	Expect(schedule()).To(Succeed(), "nemesis schedule")
-	removed(nil)
-	during := history.Window{Start: tStorm + settle, End: tStorm + stormFor}
-
-	By("reading the same slow reads again")
-	tAfter := phase("after", phaseFor, stormSessions("after-"))
-	after := history.Window{Start: tAfter + settle, End: tAfter + phaseFor}
-
-	By(fmt.Sprintf("bursting %d × %d requests that fit in the queue", burstSessions, burstDepth))
-	tBurst := phase("burst", 20*time.Second, load.Sessions(burstSessions, "burst-", load.Session{
-		Outstanding: burstDepth, MaxRequests: burstDepth, Requests: []load.Request{load.SlowRead(burstService)},
-	}))
-	spec.Diagnostics(ctx, e, "storm.diag.", stormDiagnostics, figs)
-	// where the Cancels landed: sent, and how many found the
-	// request still queued (CancelCount)
-	aims := map[string]string{}
-	for i, c := range cancellers {
-		aims[storm[i].Name] = c.aim
-	}
-	for op := range rec.History().AllOps() {
-		if aim, ok := aims[op.Session]; ok && op.Kind == history.KindCancel {
-			figs["storm.cancel."+aim+".sent"]++
-			figs["storm.cancel."+aim+".cancelled"] += float64(op.Count)
-		}
-	}
-
-	var beforeSessions []string
-	for i := range cancellers {
-		beforeSessions = append(beforeSessions, fmt.Sprintf("before-%02d", i))
-	}
-	checks := []check.Spec{
-		// The cancel offsets are drawn from these latencies: a slow read
-		// that does not take its service time aims them nowhere.
-		check.Assume("storm-slow-reads", check.MedianLatencyConfig{Span: check.Span{From: before.Start, To: before.End}, Kinds: slow, Sessions: beforeSessions, Min: service}),
-		sessionsOpened("storm-sessions"),
-		exactlyOnce,
-		check.Spec{Name: "storm-errors", Config: check.ErrorBudgetConfig{
-			Span:  check.Span{To: tBurst},
-			Kinds: []history.Kind{history.KindSlowRead, history.KindCancel, history.KindSession},
-			// a rejection in the storm is leaked capacity too
-			Allowed: check.Codes{ua.StatusBadRequestCancelledByClient}, Drained: check.Codes{},
-		}},
-		check.Spec{Name: "storm-recovery", Config: check.RecoveryConfig{Baseline: before, Recovered: after, Kinds: slow, MinRatio: minRatio}},
-		check.Spec{Name: "storm-burst", Config: check.ErrorBudgetConfig{Span: check.Span{From: tBurst}, Kinds: slow, Drained: check.Codes{}}},
-	}
-	if !nemesis {
-		// Cancelled requests must not take the workers' time. Under a
-		// nemesis schedule the storm's own throughput says nothing: the
-		// schedule starves the server on purpose.
-		checks = append(checks, check.Spec{Name: "storm-goodput", Config: check.RecoveryConfig{Baseline: before, Recovered: during, Kinds: slow, MinRatio: minRatio}})
-	}
-	spec.Judge(ctx, "cancellation", cond.Name, rec, figs, checks...)
 }
 
 // Readings the cancellation checks judge.
@@ -524,230 +445,496 @@ func ciIndex(cond toxics.Condition) int {
 // only): the baseline, with every client on SignAndEncrypt channels.
 var secured = toxics.Secured(toxics.SecuritySignEncrypt, toxics.Baseline)
 
-var _ = Describe("Cancellation", spec.Property("cancellation"), func() {
+// experiment returns a gmeasure experiment named name, added to the
+// current spec's report: the phases' durations and the probes' latencies.
+// Spec bodies call it (it adds a Ginkgo report entry), and pass it to the
+// scenario, whose workload measures into it.
+func experiment(name string) *gmeasure.Experiment {
+	exp := gmeasure.NewExperiment(name)
+	AddReportEntry(exp.Name, exp)
+	return exp
+}
+
+// startNemesis draws a nemesis schedule over total from the run's seed
+// (replay with --seed), labels r's history with it, reports its number of
+// steps (nemesis.steps) and starts it now (nemesis.RunSchedule), on r's
+// target. It returns the schedule's wait, which the caller calls on every
+// way out, so that the step in place is undone before the environment
+// goes.
+func startNemesis(ctx context.Context, r *scenario.Run, total time.Duration) (wait func() error) {
+	steps := toxics.Schedule(r.Seed, total)
+	r.Rec.SetLabel("nemesis", fmt.Sprintf("%d steps from seed %d", len(steps), r.Seed))
+	r.Figures["nemesis.steps"] = float64(len(steps))
+	return nemesis.RunSchedule(ctx, r.Target, r.Rec, steps)
+}
+
+// stormExactlyOnce is every slow read of the cancel storm answered exactly
+// once, and every Cancel's CancelCount the number of requests it removed.
+var stormExactlyOnce = check.Spec{Name: "storm-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindSlowRead}, RequireCancels: true}}
+
+// stormChecks are the cancel storm's checks once its phases ran: the
+// measured windows before, during and after the storm, the burst from
+// tBurst; the storm's goodput unless it ran under a nemesis schedule.
+func stormChecks(before, during, after history.Window, tBurst time.Duration, scheduled bool) []check.Spec {
+	slow := []history.Kind{history.KindSlowRead}
+	var beforeSessions []string
+	for i := range cancellers {
+		beforeSessions = append(beforeSessions, fmt.Sprintf("before-%02d", i))
+	}
+	checks := []check.Spec{
+		// The cancel offsets are drawn from these latencies: a slow read
+		// that does not take its service time aims them nowhere.
+		check.Assume("storm-slow-reads", check.MedianLatencyConfig{Span: check.Span{From: before.Start, To: before.End}, Kinds: slow, Sessions: beforeSessions, Min: service}),
+		sessionsOpened("storm-sessions"),
+		stormExactlyOnce,
+		check.Spec{Name: "storm-errors", Config: check.ErrorBudgetConfig{
+			Span:  check.Span{To: tBurst},
+			Kinds: []history.Kind{history.KindSlowRead, history.KindCancel, history.KindSession},
+			// a rejection in the storm is leaked capacity too
+			Allowed: check.Codes{ua.StatusBadRequestCancelledByClient}, Drained: check.Codes{},
+		}},
+		check.Spec{Name: "storm-recovery", Config: check.RecoveryConfig{Baseline: before, Recovered: after, Kinds: slow, MinRatio: minRatio}},
+		check.Spec{Name: "storm-burst", Config: check.ErrorBudgetConfig{Span: check.Span{From: tBurst}, Kinds: slow, Drained: check.Codes{}}},
+	}
+	if !scheduled {
+		// Cancelled requests must not take the workers' time. Under a
+		// nemesis schedule the storm's own throughput says nothing: the
+		// schedule starves the server on purpose.
+		checks = append(checks, check.Spec{Name: "storm-goodput", Config: check.RecoveryConfig{Baseline: before, Recovered: during, Kinds: slow, MinRatio: minRatio}})
+	}
+	return checks
+}
+
+// cancelStorm is the cancel storm under cond: slow reads without cancels,
+// the storm for stormFor (through a nemesis schedule drawn from the suite
+// seed if scheduled), the same reads again, then a burst that fits in the
+// queue. Every request is answered exactly once, no capacity leaks (no
+// rejection, throughput after ≥ minRatio × before) and, without nemesis,
+// the storm's goodput holds too. stream separates the random draws of the
+// specs that share the suite seed; exp measures the phases. It needs slow
+// reads (Slow.<ms>) and Cancel of the target; storm sessions get owners of
+// their own where the target has users, and share the anonymous owner
+// where not.
+//
+// The schedule runs during the storm only, not beside the whole workload
+// (Scenario.Schedule): the phase before it is the baseline the Cancels
+// are aimed from and the recovery is judged against.
+func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, scheduled bool, exp *gmeasure.Experiment) scenario.Scenario {
+	s := scenario.Scenario{
+		Property: property, Name: "storm", Condition: cond, Requires: []string{"service-time", "cancel"},
+		// The counts, planned before the load: a run that ends before
+		// its judgement (its timeout, an interrupt) saves its history
+		// judged by them. The others are known once the phases ran
+		// (stormChecks).
+		Checks: []check.Spec{sessionsOpened("storm-sessions"), stormExactlyOnce},
+	}
+	if isReference() {
+		s.Server = referenceStorm
+	}
+	s.Workload = func(ctx context.Context, r *scenario.Run) error {
+		rec, e := r.Rec, r.Env
+		rng := rand.New(rand.NewPCG(uint64(r.Seed), stream))
+
+		phase := func(name string, d time.Duration, sessions []load.Session) (time.Duration, error) {
+			start := rec.Now()
+			var st load.Stats
+			var err error
+			exp.MeasureDuration(name, func() {
+				st, err = load.Run(ctx, rec, load.Profile{Name: name, Endpoint: e.Endpoint, Duration: d, RequestTimeout: 30 * time.Second, Sessions: sessions, Security: e.Security})
+			})
+			if err != nil {
+				return start, fmt.Errorf("run %s phase: %w", name, err)
+			}
+			rec.Reading(readingSessionsFailed, float64(st.SessionsFailed))
+			r.AddFigures("storm."+name+".", map[string]float64{"requests": float64(st.Requests), "ok": float64(st.OK), "cancels": float64(st.Cancels), "req_s": st.Throughput()})
+			return start, nil
+		}
+
+		rec.Mark(fmt.Sprintf("reading slow reads (%s) on %d sessions without cancels", service, len(cancellers)), "")
+		tBefore, err := phase("before", phaseFor, stormSessions(e.Target, "before-"))
+		if err != nil {
+			return err
+		}
+		before := history.Window{Start: tBefore + settle, End: tBefore + phaseFor}
+
+		rec.Mark("cancelling before dispatch, while queued, while running and at completion", "")
+		storm := stormSessions(e.Target, "storm-")
+		for i, c := range cancellers {
+			// judged by the assumption storm-slow-reads
+			l := medianLatency(rec.History(), fmt.Sprintf("before-%02d", i), before)
+			storm[i].CancelEvery, storm[i].CancelAfter = c.every, c.delay(rng, l)
+			rec.SetLabel("cancel."+storm[i].Name, fmt.Sprintf("%s: every %d after %s (median latency before %s)", c.aim, c.every, storm[i].CancelAfter, l))
+			r.Figures[fmt.Sprintf("storm.cancel.%s.after_ms", storm[i].Name)] = float64(storm[i].CancelAfter) / float64(time.Millisecond)
+			r.Figures[fmt.Sprintf("storm.cancel.%s.median_before_ms", storm[i].Name)] = float64(l) / float64(time.Millisecond)
+		}
+		removed := rec.Fault("cancel-storm", fmt.Sprintf("%d sessions", len(storm)))
+		schedule := func() error { return nil }
+		if scheduled {
+			schedule = startNemesis(ctx, r, stormFor-2*time.Second)
+			defer func() { _ = schedule() }()
+		}
+		tStorm, err := phase("storm", stormFor, storm)
+		if err != nil {
+			return err
+		}
+		if err := schedule(); err != nil {
+			return fmt.Errorf("nemesis schedule: %w", err)
+		}
+		removed(nil)
+		during := history.Window{Start: tStorm + settle, End: tStorm + stormFor}
+
+		rec.Mark("reading the same slow reads again", "")
+		tAfter, err := phase("after", phaseFor, stormSessions(e.Target, "after-"))
+		if err != nil {
+			return err
+		}
+		after := history.Window{Start: tAfter + settle, End: tAfter + phaseFor}
+
+		rec.Mark(fmt.Sprintf("bursting %d × %d requests that fit in the queue", burstSessions, burstDepth), "")
+		tBurst, err := phase("burst", 20*time.Second, load.Sessions(burstSessions, "burst-", load.Session{
+			Outstanding: burstDepth, MaxRequests: burstDepth, Requests: []load.Request{load.SlowRead(burstService)},
+		}))
+		if err != nil {
+			return err
+		}
+		diag, err := watch.ReadDiagnostics(ctx, e, stormDiagnostics)
+		if err != nil {
+			return fmt.Errorf("read diagnostics: %w", err)
+		}
+		r.AddFigures("storm.diag.", diag)
+		// where the Cancels landed: sent, and how many found the
+		// request still queued (CancelCount)
+		aims := map[string]string{}
+		for i, c := range cancellers {
+			aims[storm[i].Name] = c.aim
+		}
+		for op := range rec.History().AllOps() {
+			if aim, ok := aims[op.Session]; ok && op.Kind == history.KindCancel {
+				r.Figures["storm.cancel."+aim+".sent"]++
+				r.Figures["storm.cancel."+aim+".cancelled"] += float64(op.Count)
+			}
+		}
+		r.Check(stormChecks(before, during, after, tBurst, scheduled)...)
+		return nil
+	}
+	return s
+}
+
+// raceCounted are the race spec's counts and stall bound under cond,
+// planned before the races: a run that ends before its judgement (its
+// timeout, an interrupt) saves its history judged by them. The checks of
+// what is measured on the way (session counts, probes, the close's
+// windows) are added once it ran (raceChecks).
+func raceCounted(cond toxics.Condition) []check.Spec {
+	survivors := []history.Kind{history.KindRead, history.KindSlowRead, history.KindSession}
+	return []check.Spec{
+		{Name: "race-survivors-stall", Config: check.StallConfig{Kinds: survivors, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
+		{Name: "race-survivors-errors", Config: check.ErrorBudgetConfig{Kinds: survivors, Drained: check.Codes{}}},
+		{Name: "race-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead, history.KindSlowRead, kindVictim}}},
+		// a closed session's reads are answered (BadSessionClosed
+		// if still queued); dead connections only in the toxics
+		{Name: "race-victims-errors", Config: check.ErrorBudgetConfig{
+			Kinds:   []history.Kind{kindVictim, history.KindCloseSession},
+			Allowed: check.Codes{ua.StatusBadSessionClosed, ua.StatusBadSessionIDInvalid},
+			Excuse:  []string{faultTimeout, faultReset}, Grace: 2 * time.Second,
+		}},
+	}
+}
+
+// raceChecks are every check of the race spec under cond once it ran:
+// the survivors started at survivorsFrom, the backlog closer's
+// CloseSession was backlogClose (zero if it has none: a failed
+// CloseSession fails race-victims-errors, and race-closed-session has
+// none to judge), and dispatched names the reading of each closed
+// session's dispatch count where the target counts them.
+//
+// The survivors' throughput in the second after the backlog closer's
+// CloseSession against the second before it, both under the victims'
+// load: a close must not slow the others down (a close that blocks
+// dispatch, or hands the closed session's queue to the workers at once).
+// The second before and not the whole span since the survivors started:
+// their first seconds, before the victims load the workers, run several
+// times faster (measured under latency: 110 ops/s then, 14 in the last
+// second before the close, 26 after it), and a baseline that mixes both
+// failed clean runs.
+func raceChecks(cond toxics.Condition, survivorsFrom time.Duration, backlogClose history.Op, dispatched map[string]string) []check.Spec {
+	return append([]check.Spec{
+		check.Assume("race-sessions-seen", check.ReadingsConfig{
+			Reading: readingSessionsDuring, Minus: readingSessionsBaseline, Min: check.Bound(1), Required: true,
+			What: "CurrentSessionCount with the victims open over its baseline",
+		}),
+		{Name: "race-sessions-released", Config: check.ReadingsConfig{
+			Reading: readingSessionsAfter, Minus: readingSessionsBaseline, Min: check.Bound(0), Max: check.Bound(0), Required: true,
+			// a busy machine releases sessions later, never earlier
+			SlowerOnlyFails: true,
+			What:            fmt.Sprintf("CurrentSessionCount %v after the storm over its baseline (sessions of closed, timed out or reset connections not released)", sessionsSettle),
+		}},
+		{Name: "race-probe", Config: check.ReadingsConfig{
+			Reading: readingProbeAfter, Stat: check.StatMedian, Ratio: readingProbeBefore, RatioFloor: probeFloorMS, Max: check.Bound(maxProbeRatio), Required: true,
+			What: "a fresh session's median probe latency after the storm over before",
+		}},
+		// catches fault close-runs-queued
+		{Name: "race-closed-session", Config: check.ClosedSessionConfig{
+			Kinds: []history.Kind{kindVictim}, Grace: closeGrace, Dispatched: dispatched,
+		}},
+		{Name: "race-survivors-recovery", Config: check.RecoveryConfig{
+			Baseline:  history.Window{Start: max(survivorsFrom+300*time.Millisecond, backlogClose.Invoke-time.Second), End: backlogClose.Invoke},
+			Recovered: history.Window{Start: backlogClose.Complete, End: backlogClose.Complete + time.Second},
+			Kinds:     []history.Kind{history.KindRead, history.KindSlowRead}, Bucket: 250 * time.Millisecond, MinRatio: minRatio,
+		}},
+	}, raceCounted(cond)...)
+}
+
+// races keeps serving other sessions under cond while victims are closed,
+// timed out and reset mid-flight: survivors keep a mix of reads in flight
+// on their own sessions, victims with slow reads (Slow.<ms>) in flight
+// are closed (the closers, and the backlog closer whose pipeline is far
+// deeper than its share of the workers), lose their connection under a
+// timeout toxic or a reset on the victims' proxy. Survivors neither stall
+// nor fail nor slow down after the backlog closer's close, every read is
+// answered once, no closed session's read runs after its close, the
+// server releases every victim's session and a fresh session's latency
+// is back after the storm. exp measures the probes.
+func races(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
+	s := scenario.Scenario{
+		Property: property, Name: "race", Condition: cond, Requires: []string{"service-time"},
+		Checks: raceCounted(cond),
+	}
+	if isReference() {
+		// a known pool, so the backlog closer's pipeline queues
+		s.Server = map[string]string{"OPCUA_WORKERS": raceWorkers}
+	}
+	s.Workload = func(ctx context.Context, r *scenario.Run) error {
+		return race(ctx, r, cond, exp)
+	}
+	return s
+}
+
+// race is the workload of races.
+func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmeasure.Experiment) error {
+	rec, e := r.Rec, r.Env
+	// the victims' proxy is under the same condition, recorded as a
+	// fault window of its own
+	if len(cond.Toxics) > 0 {
+		in, err := nemesis.Inject(ctx, r.Target, rec, nemesis.Toxics(faultVictims+cond.Name, env.VictimProxyName, cond.Toxics...))
+		if err != nil {
+			return fmt.Errorf("apply %s to %s: %w", cond.Name, env.VictimProxyName, err)
+		}
+		defer func() { _ = in.Undo(ctx) }()
+	}
+	rng := rand.New(rand.NewPCG(uint64(r.Seed), uint64(100+ciIndex(cond))))
+
+	rec.Mark("measuring a probe and the session count before the storm", "")
+	before, err := probe(ctx, e, rec, readingProbeBefore, exp, "probe before")
+	if err != nil {
+		return err
+	}
+	mon, err := uaclient.Open(ctx, e.Endpoint, uaclient.Security(e.Security))
+	if err != nil {
+		return fmt.Errorf("open monitor session: %w", err)
+	}
+	defer closeBounded(ctx, mon)
+	// The backlog closer (below) has an owner of its own, the target's
+	// second user, where it has one; where the target counts its owners'
+	// dispatches, a diagnostics session reads that count. It is open
+	// before the session count's baseline is taken, so that it is part
+	// of it.
+	backlogShape := victimSpec{outstanding: backlogDepth}
+	if u, err := e.Target.User(1); err == nil {
+		backlogShape.user = &u
+	}
+	var diag *uaclient.Client
+	if e.Target.Diagnostics && backlogShape.user != nil {
+		diag, err = uaclient.Open(ctx, e.DirectEndpoint, uaclient.Security(e.Security))
+		if err != nil {
+			return fmt.Errorf("open diagnostics session: %w", err)
+		}
+		defer closeBounded(ctx, diag)
+	}
+	baseline, err := sessionCount(ctx, mon)
+	if err != nil {
+		return fmt.Errorf("read CurrentSessionCount: %w", err)
+	}
+	rec.Reading(readingSessionsBaseline, float64(baseline))
+
+	rec.Mark("serving survivors while victims are closed, timed out and reset", "")
+	survivor := load.Session{Outstanding: 4, Requests: []load.Request{load.SlowRead(50 * time.Millisecond), load.FastRead()}}
+	if u, err := e.Target.User(0); err == nil {
+		// an owner of their own on servers that queue by user
+		survivor.User, survivor.Password = u.Name, u.Password
+	}
+	type result struct {
+		st  load.Stats
+		err error
+	}
+	done := make(chan result, 1)
+	survivorsFrom := rec.Now()
+	go func() {
+		st, err := load.Run(ctx, rec, load.Profile{Name: "survivors", Endpoint: e.Endpoint, Duration: raceFor, RequestTimeout: victimRequestTimeout, Security: e.Security,
+			Sessions: load.Sessions(2, "survivor-", survivor)})
+		done <- result{st, err}
+	}()
+	// every victim's client is closed once the run is over, whatever
+	// ended it (the closers' are closed earlier)
+	var opened []*victim
+	defer func() {
+		for _, v := range opened {
+			closeBounded(ctx, v.c)
+		}
+	}()
+	open := func(endpoint, name string, vs ...victimSpec) (*victim, error) {
+		v, err := openVictim(ctx, rec, e.Security, endpoint, name, vs...)
+		if err == nil {
+			opened = append(opened, v)
+		}
+		return v, err
+	}
+	var closers, timedOut, reset []*victim
+	for i := range victimsPerGroup {
+		c, err := open(e.Endpoint, fmt.Sprintf("closer-%02d", i))
+		if err != nil {
+			return err
+		}
+		t, err := open(e.VictimEndpoint, fmt.Sprintf("timeout-%02d", i))
+		if err != nil {
+			return err
+		}
+		closers, timedOut = append(closers, c), append(timedOut, t)
+	}
+	// The backlog closer: an owner of its own (the target's second user,
+	// where it has one) with a pipeline far deeper than its share of the
+	// workers, so most of its reads are queued when it is closed. They
+	// must be refused or go with the session, never run after the close.
+	// Where the target counts its owners' dispatches, the count is read
+	// right after the CloseSession response and once every victim
+	// drained: it must not grow in between.
+	backlog, err := open(e.Endpoint, "backlog-00", backlogShape)
+	if err != nil {
+		return err
+	}
+	closers = append(closers, backlog)
+	var dispatched map[string]string
+	readDispatched := func(context.Context) error { return nil }
+	if diag != nil {
+		node := "Owner." + backlog.owner + ".Dispatched"
+		dispatched = map[string]string{backlog.name: "diag." + node}
+		readDispatched = func(ctx context.Context) error {
+			v, err := uaclient.ReadValue(ctx, diag, ua.NewStringNodeID(1, node))
+			if err != nil {
+				return fmt.Errorf("read ns=1;s=%s: %w", node, err)
+			}
+			if n, ok := v.Value().(int64); ok {
+				rec.Reading(dispatched[backlog.name], float64(n))
+			}
+			return nil
+		}
+		backlog.closed = readDispatched
+	}
+	var closed sync.WaitGroup
+	var closeErrs []error
+	var closeMu sync.Mutex
+	for _, v := range closers {
+		at := time.Second + time.Duration(rng.Int64N(int64(1500*time.Millisecond)))
+		rec.SetLabel("close."+v.name, at.String())
+		closed.Add(1)
+		go func() {
+			defer closed.Done()
+			sleep(ctx, at)
+			if err := v.close(ctx); err != nil {
+				closeMu.Lock()
+				closeErrs = append(closeErrs, fmt.Errorf("close %s: %w", v.name, err))
+				closeMu.Unlock()
+			}
+		}()
+	}
+	sleep(ctx, 2*time.Second)
+	if err := kill(ctx, r, faultTimeout, toxics.Timeout(toxics.Downstream, 500), time.Second); err != nil {
+		return err
+	}
+	for i := range victimsPerGroup {
+		v, err := open(e.VictimEndpoint, fmt.Sprintf("reset-%02d", i))
+		if err != nil {
+			return err
+		}
+		reset = append(reset, v)
+	}
+	during, err := sessionCount(ctx, mon)
+	if err != nil {
+		return fmt.Errorf("read CurrentSessionCount: %w", err)
+	}
+	// the assumption race-sessions-seen: the count saw the victims, or
+	// its return to the baseline proves nothing
+	rec.Reading(readingSessionsDuring, float64(during))
+	sleep(ctx, time.Second)
+	if err := kill(ctx, r, faultReset, toxics.ResetPeer(toxics.Downstream, 0), 500*time.Millisecond); err != nil {
+		return err
+	}
+	closed.Wait()
+	if err := errors.Join(closeErrs...); err != nil {
+		return err
+	}
+	for _, v := range append(timedOut, reset...) {
+		v.wg.Wait()
+	}
+	res := <-done
+	if res.err != nil {
+		return fmt.Errorf("run survivors: %w", res.err)
+	}
+	// every closed session's reads have ended
+	if err := readDispatched(ctx); err != nil {
+		return err
+	}
+	r.AddFigures("race.", res.st.Figures())
+
+	rec.Mark("waiting for CurrentSessionCount to return to its baseline", "")
+	// every reading is recorded; race-sessions-released judges the last
+	settled := time.Now()
+	for deadline := settled.Add(sessionsSettle); ; {
+		n, err := sessionCount(ctx, mon)
+		if err != nil {
+			return fmt.Errorf("read CurrentSessionCount: %w", err)
+		}
+		rec.Reading(readingSessionsAfter, float64(n))
+		if n == baseline || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		sleep(ctx, 100*time.Millisecond)
+	}
+	r.Figures["race.sessions.baseline"] = float64(baseline)
+	r.Figures["race.sessions.during"] = float64(during)
+	r.Figures["race.sessions.settle_s"] = time.Since(settled).Seconds()
+
+	rec.Mark("measuring the probe after the storm", "")
+	after, err := probe(ctx, e, rec, readingProbeAfter, exp, "probe after")
+	if err != nil {
+		return err
+	}
+	r.Figures["race.probe.before_ms"] = float64(before) / float64(time.Millisecond)
+	r.Figures["race.probe.after_ms"] = float64(after) / float64(time.Millisecond)
+	r.Figures["race.probe.ratio"] = float64(after) / float64(before)
+
+	var backlogClose history.Op
+	for op := range rec.History().AllOps() {
+		if op.Session == backlog.name && op.Kind == history.KindCloseSession {
+			backlogClose = op
+		}
+	}
+	r.Check(raceChecks(cond, survivorsFrom, backlogClose, dispatched)...)
+	return nil
+}
+
+var _ = Describe("Cancellation", spec.Property(property), func() {
 	It("answers every request of a minute-long cancel storm under a seeded nemesis schedule exactly once and loses no capacity", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
-		cancelStorm(ctx, toxics.Scheduled, 0x50a6, spec.SoakFor(), true)
+		h.Run(ctx, cancelStorm(toxics.Scheduled, 0x50a6, spec.SoakFor(), true, experiment("cancel storm")))
 	}, spec.SoakTimeout(3*time.Minute))
 
-	DescribeTable("answers every request of a cancel storm exactly once and loses no capacity", func(ctx SpecContext, cond toxics.Condition) {
-		cancelStorm(ctx, cond, uint64(ciIndex(cond)), stormFor, false)
-	}, spec.Entries(toxics.CI(), stormCatches, SpecTimeout(2*time.Minute)),
+	DescribeTable("answers every request of a cancel storm exactly once and loses no capacity", h.Scenario(func(cond toxics.Condition) scenario.Scenario {
+		return cancelStorm(cond, uint64(ciIndex(cond)), stormFor, false, experiment("cancel storm"))
+	}), spec.Entries(toxics.CI(), stormCatches, SpecTimeout(2*time.Minute)),
 		spec.Entries(secured, nil, SpecTimeout(2*time.Minute), spec.Nightly))
 
-	DescribeTable("keeps serving other sessions through CloseSession, timeouts and resets mid-flight", func(ctx SpecContext, cond toxics.Condition) {
-		// victims and survivors keep slow reads (Slow.<ms>) in flight
-		h.Require(spec.Needs(cond, "service-time")...)
-		var opts []env.Option
-		if isReference() {
-			// a known pool, so the backlog closer's pipeline queues
-			opts = append(opts, env.WithServerEnv(map[string]string{"OPCUA_WORKERS": raceWorkers}))
-		}
-		e, err := h.StartUnder(ctx, cond, opts...)
-		Expect(err).NotTo(HaveOccurred(), "start environment")
-		rec := h.NewRecorder(map[string]string{"condition": cond.Name, "security": cond.SecurityMode()})
-		_, err = spec.Apply(ctx, e, rec, cond)
-		Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
-		// the victims' proxy is under the same condition, recorded
-		// as a fault window of its own
-		if len(cond.Toxics) > 0 {
-			_, err = spec.Inject(ctx, e, rec, nemesis.Toxics(faultVictims+cond.Name, env.VictimProxyName, cond.Toxics...))
-			Expect(err).NotTo(HaveOccurred(), "apply %s to %s", cond.Name, env.VictimProxyName)
-		}
-		survivors := []history.Kind{history.KindRead, history.KindSlowRead, history.KindSession}
-		// The counts and the stall bound, planned before the races: a
-		// spec that ends before Judge (its timeout, an interrupt) saves
-		// its history judged by them. Judge adds the checks of what is
-		// measured on the way (session counts, probes, the close's
-		// windows).
-		counted := []check.Spec{
-			{Name: "race-survivors-stall", Config: check.StallConfig{Kinds: survivors, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
-			{Name: "race-survivors-errors", Config: check.ErrorBudgetConfig{Kinds: survivors, Drained: check.Codes{}}},
-			{Name: "race-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead, history.KindSlowRead, kindVictim}}},
-			// a closed session's reads are answered (BadSessionClosed
-			// if still queued); dead connections only in the toxics
-			{Name: "race-victims-errors", Config: check.ErrorBudgetConfig{
-				Kinds:   []history.Kind{kindVictim, history.KindCloseSession},
-				Allowed: check.Codes{ua.StatusBadSessionClosed, ua.StatusBadSessionIDInvalid},
-				Excuse:  []string{faultTimeout, faultReset}, Grace: 2 * time.Second,
-			}},
-		}
-		spec.Plan(counted...)
-		rng := rand.New(rand.NewPCG(uint64(GinkgoRandomSeed()), uint64(100+ciIndex(cond))))
-		exp := gmeasure.NewExperiment("close and reset races")
-		AddReportEntry(exp.Name, exp)
-
-		By("measuring a probe and the session count before the storm")
-		before := probe(ctx, e, rec, readingProbeBefore, exp, "probe before")
-		mon, err := uaclient.Open(ctx, e.Endpoint, uaclient.Security(e.Security))
-		Expect(err).NotTo(HaveOccurred(), "open monitor session")
-		DeferCleanup(func(ctx context.Context) { _ = mon.Close(ctx) }, NodeTimeout(10*time.Second))
-		// The backlog closer (below) has an owner of its own, the
-		// target's second user, where it has one; where the target
-		// counts its owners' dispatches, a diagnostics session
-		// reads that count. It is open before the session count's
-		// baseline is taken, so that it is part of it.
-		backlogShape := victimSpec{outstanding: backlogDepth}
-		if u, err := h.Setup.Target.User(1); err == nil {
-			backlogShape.user = &u
-		}
-		var diag *uaclient.Client
-		if e.Target.Diagnostics && backlogShape.user != nil {
-			diag, err = uaclient.Open(ctx, e.DirectEndpoint, uaclient.Security(e.Security))
-			Expect(err).NotTo(HaveOccurred(), "open diagnostics session")
-			DeferCleanup(func(ctx context.Context) { _ = diag.Close(ctx) }, NodeTimeout(10*time.Second))
-		}
-		baseline, err := sessionCount(ctx, mon)
-		Expect(err).NotTo(HaveOccurred(), "read CurrentSessionCount")
-		rec.Reading(readingSessionsBaseline, float64(baseline))
-
-		By("serving survivors while victims are closed, timed out and reset")
-		survivor := load.Session{Outstanding: 4, Requests: []load.Request{load.SlowRead(50 * time.Millisecond), load.FastRead()}}
-		if u, err := h.Setup.Target.User(0); err == nil {
-			// an owner of their own on servers that queue by user
-			survivor.User, survivor.Password = u.Name, u.Password
-		}
-		type result struct {
-			st  load.Stats
-			err error
-		}
-		done := make(chan result, 1)
-		survivorsFrom := rec.Now()
-		go func() {
-			defer GinkgoRecover()
-			st, err := load.Run(ctx, rec, load.Profile{Name: "survivors", Endpoint: e.Endpoint, Duration: raceFor, RequestTimeout: victimRequestTimeout, Security: e.Security,
-				Sessions: load.Sessions(2, "survivor-", survivor)})
-			done <- result{st, err}
-		}()
-		var closers, timedOut, reset []*victim
-		for i := range victimsPerGroup {
-			closers = append(closers, openVictim(ctx, rec, e.Security, e.Endpoint, fmt.Sprintf("closer-%02d", i)))
-			timedOut = append(timedOut, openVictim(ctx, rec, e.Security, e.VictimEndpoint, fmt.Sprintf("timeout-%02d", i)))
-		}
-		// The backlog closer: an owner of its own (the target's
-		// second user, where it has one) with a pipeline far deeper
-		// than its share of the workers, so most of its reads are
-		// queued when it is closed. They must be refused or go with
-		// the session, never run after the close. Where the target
-		// counts its owners' dispatches, the count is read right
-		// after the CloseSession response and once every victim
-		// drained: it must not grow in between.
-		backlog := openVictim(ctx, rec, e.Security, e.Endpoint, "backlog-00", backlogShape)
-		closers = append(closers, backlog)
-		var dispatched map[string]string
-		readDispatched := func(context.Context) {}
-		if diag != nil {
-			node := "Owner." + backlog.owner + ".Dispatched"
-			dispatched = map[string]string{backlog.name: "diag." + node}
-			readDispatched = func(ctx context.Context) {
-				GinkgoHelper()
-				v, err := uaclient.ReadValue(ctx, diag, ua.NewStringNodeID(1, node))
-				Expect(err).NotTo(HaveOccurred(), "read ns=1;s=%s", node)
-				if n, ok := v.Value().(int64); ok {
-					rec.Reading(dispatched[backlog.name], float64(n))
-				}
-			}
-			backlog.closed = readDispatched
-		}
-		var closed sync.WaitGroup
-		for _, v := range closers {
-			at := time.Second + time.Duration(rng.Int64N(int64(1500*time.Millisecond)))
-			rec.SetLabel("close."+v.name, at.String())
-			closed.Add(1)
-			go func() {
-				defer GinkgoRecover()
-				defer closed.Done()
-				sleep(ctx, at)
-				v.close(ctx)
-			}()
-		}
-		sleep(ctx, 2*time.Second)
-		kill(ctx, e, rec, faultTimeout, toxics.Timeout(toxics.Downstream, 500), time.Second)
-		for i := range victimsPerGroup {
-			reset = append(reset, openVictim(ctx, rec, e.Security, e.VictimEndpoint, fmt.Sprintf("reset-%02d", i)))
-		}
-		during, err := sessionCount(ctx, mon)
-		Expect(err).NotTo(HaveOccurred(), "read CurrentSessionCount")
-		// the assumption race-sessions-seen: the count saw the
-		// victims, or its return to the baseline proves nothing
-		rec.Reading(readingSessionsDuring, float64(during))
-		sleep(ctx, time.Second)
-		kill(ctx, e, rec, faultReset, toxics.ResetPeer(toxics.Downstream, 0), 500*time.Millisecond)
-		closed.Wait()
-		for _, v := range append(timedOut, reset...) {
-			v.wg.Wait()
-		}
-		res := <-done
-		Expect(res.err).NotTo(HaveOccurred(), "run survivors")
-		readDispatched(ctx) // every closed session's reads have ended
-		figs := spec.Prefixed("race.", res.st.Figures())
-
-		By("waiting for CurrentSessionCount to return to its baseline")
-		// every reading is recorded; race-sessions-released judges
-		// the last
-		settled := time.Now()
-		for deadline := settled.Add(sessionsSettle); ; {
-			n, err := sessionCount(ctx, mon)
-			Expect(err).NotTo(HaveOccurred(), "read CurrentSessionCount")
-			rec.Reading(readingSessionsAfter, float64(n))
-			if n == baseline || time.Now().After(deadline) || ctx.Err() != nil {
-				break
-			}
-			sleep(ctx, 100*time.Millisecond)
-		}
-		figs["race.sessions.baseline"] = float64(baseline)
-		figs["race.sessions.during"] = float64(during)
-		figs["race.sessions.settle_s"] = time.Since(settled).Seconds()
-
-		By("measuring the probe after the storm")
-		after := probe(ctx, e, rec, readingProbeAfter, exp, "probe after")
-		ratio := float64(after) / float64(before)
-		figs["race.probe.before_ms"] = float64(before) / float64(time.Millisecond)
-		figs["race.probe.after_ms"] = float64(after) / float64(time.Millisecond)
-		figs["race.probe.ratio"] = ratio
-
-		// The survivors' throughput in the second after the backlog
-		// closer's CloseSession against the second before it, both
-		// under the victims' load: a close must not slow the others
-		// down (a close that blocks dispatch, or hands the closed
-		// session's queue to the workers at once). The second before
-		// and not the whole span since the survivors started: their
-		// first seconds, before the victims load the workers, run
-		// several times faster (measured under latency: 110 ops/s
-		// then, 14 in the last second before the close, 26 after it),
-		// and a baseline that mixes both failed clean runs.
-		var backlogClose history.Op
-		for op := range rec.History().AllOps() {
-			if op.Session == backlog.name && op.Kind == history.KindCloseSession {
-				backlogClose = op
-			}
-		}
-		// A failed CloseSession fails race-victims-errors (and
-		// race-closed-session has none to judge).
-		spec.Judge(ctx, "cancellation", cond.Name, rec, figs, append([]check.Spec{
-			check.Assume("race-sessions-seen", check.ReadingsConfig{
-				Reading: readingSessionsDuring, Minus: readingSessionsBaseline, Min: check.Bound(1), Required: true,
-				What: "CurrentSessionCount with the victims open over its baseline",
-			}),
-			check.Spec{Name: "race-sessions-released", Config: check.ReadingsConfig{
-				Reading: readingSessionsAfter, Minus: readingSessionsBaseline, Min: check.Bound(0), Max: check.Bound(0), Required: true,
-				// a busy machine releases sessions later, never earlier
-				SlowerOnlyFails: true,
-				What:            fmt.Sprintf("CurrentSessionCount %v after the storm over its baseline (sessions of closed, timed out or reset connections not released)", sessionsSettle),
-			}},
-			check.Spec{Name: "race-probe", Config: check.ReadingsConfig{
-				Reading: readingProbeAfter, Stat: check.StatMedian, Ratio: readingProbeBefore, RatioFloor: probeFloorMS, Max: check.Bound(maxProbeRatio), Required: true,
-				What: "a fresh session's median probe latency after the storm over before",
-			}},
-			// catches fault close-runs-queued
-			check.Spec{Name: "race-closed-session", Config: check.ClosedSessionConfig{
-				Kinds: []history.Kind{kindVictim}, Grace: closeGrace, Dispatched: dispatched,
-			}},
-			check.Spec{Name: "race-survivors-recovery", Config: check.RecoveryConfig{
-				Baseline:  history.Window{Start: max(survivorsFrom+300*time.Millisecond, backlogClose.Invoke-time.Second), End: backlogClose.Invoke},
-				Recovered: history.Window{Start: backlogClose.Complete, End: backlogClose.Complete + time.Second},
-				Kinds:     []history.Kind{history.KindRead, history.KindSlowRead}, Bucket: 250 * time.Millisecond, MinRatio: minRatio,
-			}},
-		}, counted...)...)
-	}, spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)),
+	DescribeTable("keeps serving other sessions through CloseSession, timeouts and resets mid-flight", h.Scenario(func(cond toxics.Condition) scenario.Scenario {
+		return races(cond, experiment("close and reset races"))
+	}), spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)),
 		spec.Entries(secured, nil, SpecTimeout(2*time.Minute), spec.Nightly))
 })
