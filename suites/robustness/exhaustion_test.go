@@ -1,6 +1,7 @@
 package robustness_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -8,12 +9,11 @@ import (
 
 	"github.com/gopcua/opcua/ua"
 	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/attack"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	fresh "github.com/opcua-chaos/opcua-chaos/fixtures/victim"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
@@ -63,70 +63,23 @@ var exhaustCatches = []catalog.Fault{
 	catalog.FaultRSABlocksUnbounded, catalog.FaultThrottlePairOnly,
 }
 
-// exhaustion runs the exhaustion attacks one after another while fresh
-// clients probe, and judges survival, answers, lockouts, memory and the
-// guess rate.
-func exhaustion(ctx SpecContext, cond toxics.Condition) {
-	h.Require(spec.Needs(cond)...)
+// exhaustion is the scenario of the exhaustion attacks, run one after
+// another while fresh clients probe: survival, answers, lockouts, memory
+// and the guess rate are judged. On the reference server the attacks go
+// past its limits (exhaustLimits). The checks of the attacks are planned
+// up front; those of the memory peak (over the baseline phase, with the
+// budget the server reports) and of the guess rate follow once the
+// baseline phase ended (exhaust).
+func exhaustion(cond toxics.Condition) scenario.Scenario {
 	limits := attack.ExhaustionLimits{Hold: exhaustHold}
-	var opts []env.Option
+	s := scenario.Scenario{Property: property, Name: "exhaustion", Condition: cond}
 	if isReference() {
-		opts = append(opts, env.WithServerEnv(exhaustLimits))
+		s.Server = exhaustLimits
 		limits.MaxConnections, limits.MaxSessions = 300, 200
 	}
 	if h.Setup.Target.ServiceTime {
 		limits.SlowNode = ua.NewStringNodeID(1, "Slow.5000")
 	}
-	e, err := h.StartUnder(ctx, cond, opts...)
-	Expect(err).NotTo(HaveOccurred(), "start environment")
-	rec := h.NewRecorder(map[string]string{"condition": cond.Name, "security": cond.SecurityMode()})
-	_, err = spec.Apply(ctx, e, rec, cond)
-	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
-	w := watch.New(e, rec, watch.Options{Sessions: h.Setup.Probe.StandardDiagnostics.Found, Connections: e.Target.Diagnostics})
-	DeferCleanup(w.Close, NodeTimeout(10*time.Second))
-	// memory and CPU are read on a Watch of its own, back to back (at
-	// most every 250 ms; a Docker stats call takes about a second), beside
-	// the state readings
-	mw := watch.New(e, rec, watch.Options{})
-	DeferCleanup(mw.Close, NodeTimeout(10*time.Second))
-
-	// The probers: a fresh client every second, logging in as the
-	// target's first user (anonymous if it has none), over None and, on a
-	// secured condition, over the condition's mode too. They come from
-	// another peer than the attackers (the server's own endpoint, not the
-	// proxy's): a victim is another host, and a server may well cap what
-	// one peer address holds.
-	var user, password string
-	if us := h.Setup.Target.Users; len(us) > 0 {
-		user, password = us[0].Name, us[0].Password
-	}
-	probeCfg := fresh.Config{Endpoint: e.DirectEndpoint, User: user, Password: password, Duration: 10 * time.Minute}
-	probers := []*fresh.Prober{fresh.Start(ctx, rec, probeCfg)}
-	if e.Security.Secured() {
-		probeCfg.Security = e.Security
-		probers = append(probers, fresh.Start(ctx, rec, probeCfg))
-	}
-	stopProbers := func() {
-		for _, p := range probers {
-			p.Stop()
-		}
-	}
-	DeferCleanup(stopProbers)
-	budget := 0.0
-	if e.Target.Diagnostics {
-		budget, err = fresh.ReadBudget(ctx, rec, e.DirectEndpoint, e.Security)
-		Expect(err).NotTo(HaveOccurred(), "read the memory budget the server reports (%s)", fresh.BudgetNode)
-	}
-
-	By(fmt.Sprintf("at rest: %v of probes and memory readings", exhaustBaseline))
-	stopMem := fresh.Every(ctx, fresh.MemoryEvery, 15*time.Minute, mw.Usage)
-	DeferCleanup(func() { stopMem() })
-	baseline := history.Window{Start: rec.Now()}
-	w.State(ctx)
-	sleep(ctx, exhaustBaseline)
-	baseline.End = rec.Now()
-
-	runner := &attack.Runner{Endpoint: e.Endpoint, Rec: rec, Seed: GinkgoRandomSeed()}
 	// in attack.Exhaustion's order: the session floods last
 	attacks := attack.Exhaustion(limits)
 	names := make([]string, 0, len(attacks))
@@ -140,13 +93,72 @@ func exhaustion(ctx SpecContext, cond toxics.Condition) {
 	// sampling (20 000 items at 1 ms), bounded by the sampling interval
 	// and item limits a server may revise, not by the messages.
 	perMessage := slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == attack.NameItemQueueBomb })
-	checks := []check.Spec{
+	s.Checks = []check.Spec{
 		{Name: "survival", Config: check.SurvivalConfig{Attacks: names}},
 		{Name: "lockout", Config: check.LockoutConfig{Attacks: names, MaxLockout: maxLockout, MaxProbeLatency: maxProbeLatency}},
 		{Name: "answers", Config: answers},
 		{Name: "amplification", Config: check.AmplificationConfig{Attacks: perMessage}},
 	}
-	switch tgt := h.Setup.Target; {
+	s.Workload = func(ctx context.Context, r *scenario.Run) error { return exhaust(ctx, r, attacks, names) }
+	return s
+}
+
+// exhaust is the exhaustion workload: fresh clients probe and the
+// server's memory is read through a baseline phase and the attacks, one
+// after another, each holding what it made the server hold; names are
+// the attacks' names.
+func exhaust(ctx context.Context, r *scenario.Run, attacks []attack.Attack, names []string) error {
+	e, rec, tgt := r.Env, r.Rec, r.Env.Profile()
+	w := watch.New(e, rec, watch.Options{Sessions: h.Setup.Probe.StandardDiagnostics.Found, Connections: e.Target.Diagnostics})
+	defer closeWatch(ctx, w)
+	// memory and CPU are read on a Watch of its own, back to back (at
+	// most every 250 ms; a Docker stats call takes about a second), beside
+	// the state readings
+	mw := watch.New(e, rec, watch.Options{})
+	defer closeWatch(ctx, mw)
+
+	// The probers: a fresh client every second, logging in as the
+	// target's first user (anonymous if it has none), over None and, on a
+	// secured condition, over the condition's mode too. They come from
+	// another peer than the attackers (the server's own endpoint, not the
+	// proxy's): a victim is another host, and a server may well cap what
+	// one peer address holds.
+	var user, password string
+	if us := tgt.Users; len(us) > 0 {
+		user, password = us[0].Name, us[0].Password
+	}
+	probeCfg := fresh.Config{Endpoint: e.DirectEndpoint, User: user, Password: password, Duration: 10 * time.Minute}
+	probers := []*fresh.Prober{fresh.Start(ctx, rec, probeCfg)}
+	if e.Security.Secured() {
+		probeCfg.Security = e.Security
+		probers = append(probers, fresh.Start(ctx, rec, probeCfg))
+	}
+	stopProbers := func() {
+		for _, p := range probers {
+			p.Stop()
+		}
+	}
+	defer stopProbers()
+	budget := 0.0
+	if e.Target.Diagnostics {
+		var err error
+		budget, err = fresh.ReadBudget(ctx, rec, e.DirectEndpoint, e.Security)
+		if err != nil {
+			return fmt.Errorf("read the memory budget the server reports (%s): %w", fresh.BudgetNode, err)
+		}
+	}
+
+	rec.Mark("at-rest", fmt.Sprintf("at rest: %v of probes and memory readings", exhaustBaseline))
+	stopMem := fresh.Every(ctx, fresh.MemoryEvery, 15*time.Minute, mw.Usage)
+	defer stopMem()
+	baseline := history.Window{Start: rec.Now()}
+	w.State(ctx)
+	sleep(ctx, exhaustBaseline)
+	baseline.End = rec.Now()
+
+	runner := &attack.Runner{Endpoint: e.Endpoint, Rec: rec, Seed: r.Seed}
+	var checks []check.Spec
+	switch {
 	case tgt.MemoryBound > 0:
 		// declared (OPCUA_CHAOS_MEMORY_BOUND; the reference server's is
 		// built in): a server that lost its budget, reporting 0, is
@@ -157,14 +169,14 @@ func exhaustion(ctx SpecContext, cond toxics.Condition) {
 		checks = append(checks, check.Spec{Name: "memory-peak", Config: check.MemoryPeakConfig{
 			Attacks: names, BudgetReading: fresh.BudgetReading, Factor: peakFactor, Slack: peakSlack, Baseline: baseline}})
 	}
-	if h.Setup.Target.LoginThrottle {
+	if tgt.LoginThrottle {
 		// a target that throttles failed logins (OPCUA_CHAOS_LOGIN_THROTTLE;
 		// the reference server does): others may not, and are not judged
 		checks = append(checks, check.Spec{Name: "guess-rate", Config: check.GuessRateConfig{Throttled: true, MaxRate: maxGuessRate}})
 	}
-	spec.Plan(checks...)
+	r.Check(checks...)
 
-	By(fmt.Sprintf("attacking: %d exhaustion attacks one after another, each holding for %v, fresh clients probing", len(attacks), exhaustHold))
+	rec.Mark("attacks", fmt.Sprintf("attacking: %d exhaustion attacks one after another, each holding for %v, fresh clients probing", len(attacks), exhaustHold))
 	var errs []error
 	for _, a := range attacks {
 		tally, err := runner.Run(ctx, a)
@@ -187,13 +199,16 @@ func exhaustion(ctx SpecContext, cond toxics.Condition) {
 	w.State(ctx)
 	stopMem()
 	stopProbers()
-	figs := map[string]float64{"attacks.run": float64(len(attacks)), "memory.budget_bytes": budget}
-	spec.Judge(ctx, "robustness", cond.Name, rec, figs, checks...)
-	Expect(errors.Join(errs...)).NotTo(HaveOccurred(), "send attacks")
+	r.Figures["attacks.run"] = float64(len(attacks))
+	r.Figures["memory.budget_bytes"] = budget
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("send attacks: %w", err)
+	}
+	return nil
 }
 
-var _ = Describe("Resource exhaustion", spec.Property("robustness"), Label("exhaustion"), func() {
+var _ = Describe("Resource exhaustion", spec.Property(property), Label("exhaustion"), func() {
 	DescribeTable("survives memory, connection, session and CPU exhaustion, refuses with a status and never locks a fresh client out",
-		exhaustion, spec.Entries([]toxics.Condition{toxics.Baseline}, exhaustCatches, SpecTimeout(5*time.Minute)),
+		h.Scenario(exhaustion), spec.Entries([]toxics.Condition{toxics.Baseline}, exhaustCatches, SpecTimeout(5*time.Minute)),
 		spec.Entries(toxics.Secured(toxics.SecuritySignEncrypt, toxics.Baseline), nil, SpecTimeout(5*time.Minute), spec.Nightly))
 })

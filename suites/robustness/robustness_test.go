@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/gopcua/opcua/ua"
@@ -18,6 +18,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/subscribe"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
@@ -26,6 +27,14 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
+
+const property = "robustness"
+
+// h runs the suite's scenarios; spec.Bootstrap fills it before the first
+// spec.
+var h = spec.Bootstrap()
+
+func TestRobustness(t *testing.T) { spec.RunSuite(t, property) }
 
 // The victim and the phases around the attacks.
 const (
@@ -119,6 +128,13 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
+// closeWatch closes w's session, within 10 s even once the spec ended.
+func closeWatch(ctx context.Context, w *watch.Watch) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	_ = w.Close(ctx)
+}
+
 // victim runs the victim's load (and subscription) in the background.
 type victim struct {
 	stop context.CancelFunc
@@ -127,6 +143,9 @@ type victim struct {
 	// items are the subscription's monitored items (none: no
 	// subscription).
 	items []string
+	// sub is the subscription's session (nil: no subscription, or
+	// closed).
+	sub *uaclient.Client
 
 	loadStats load.Stats
 	subStats  subscribe.Stats
@@ -135,36 +154,29 @@ type victim struct {
 
 // startVictim starts victimRate Reads per second on one session and, where
 // the target has a sampling counter, a subscription of subItems items. Both
-// run until finish (or the spec's end).
-func startVictim(ctx context.Context, e *env.Env, rec *history.Recorder) *victim {
-	GinkgoHelper()
+// run until finish (or the spec's end); close releases them.
+func startVictim(ctx context.Context, e *env.Env, rec *history.Recorder) (*victim, error) {
 	vctx, stop := context.WithCancel(ctx)
 	v := &victim{stop: stop, done: make(chan struct{})}
 	var wg sync.WaitGroup
 	var loadErr, subErr error
-	DeferCleanup(func() {
-		v.stop()
-		<-v.done
-	})
 	wg.Go(func() {
-		defer GinkgoRecover()
 		v.loadStats, loadErr = load.Run(vctx, rec, load.Profile{Name: "victim", Endpoint: e.Endpoint, Duration: 5 * time.Minute, RequestTimeout: 5 * time.Second, Security: e.Security,
 			Sessions: []load.Session{{Name: "victim", Open: &load.OpenLoop{Rate: victimRate}}}})
 	})
-	if pattern := h.Setup.Target.SampleNode; pattern != "" {
+	if pattern := e.Target.SampleNode; pattern != "" {
 		c, err := uaclient.Open(ctx, e.Endpoint, uaclient.Security(e.Security))
 		if err != nil {
 			stop()
 			wg.Wait()
+			return nil, fmt.Errorf("open the victim's subscription session: %w", err)
 		}
-		Expect(err).NotTo(HaveOccurred(), "open the victim's subscription session")
-		DeferCleanup(func(ctx context.Context) { _ = c.Close(ctx) }, NodeTimeout(10*time.Second))
+		v.sub = c
 		node := func(i int) *ua.NodeID { return ua.MustParseNodeID(fmt.Sprintf(pattern, i)) }
 		for i := range subItems {
 			v.items = append(v.items, subscribe.ItemName(node(i)))
 		}
 		wg.Go(func() {
-			defer GinkgoRecover()
 			v.subStats, subErr = subscribe.Run(vctx, rec, c, subscribe.Config{Client: subLabel, Node: node, Items: subItems,
 				Sampling: subSampling, Publishing: subPublishing, Duration: 5 * time.Minute})
 		})
@@ -174,44 +186,91 @@ func startVictim(ctx context.Context, e *env.Env, rec *history.Recorder) *victim
 		v.err = errors.Join(loadErr, subErr)
 		close(v.done)
 	}()
-	return v
+	return v, nil
 }
 
-// finish stops the victim and returns its figures and errors.
-func (v *victim) finish() (map[string]float64, error) {
+// finish stops the victim, adds its figures to r's and returns its
+// errors.
+func (v *victim) finish(r *scenario.Run) error {
 	v.stop()
 	<-v.done
-	figs := spec.Prefixed("victim.", v.loadStats.Figures())
+	r.AddFigures("victim.", v.loadStats.Figures())
 	if len(v.items) > 0 {
-		maps.Copy(figs, spec.Prefixed("victim.", v.subStats.Figures()))
+		r.AddFigures("victim.", v.subStats.Figures())
 	}
-	return figs, v.err
+	return v.err
 }
 
-// robustness runs the attacks against the target under cond while a victim
-// reads, and judges what the server did.
-func robustness(ctx SpecContext, cond toxics.Condition) {
-	h.Require(spec.Needs(cond)...)
-	var opts []env.Option
-	if isReference() {
-		opts = append(opts, env.WithServerEnv(referenceLimits))
+// close stops the victim, waits for its load and subscription and closes
+// the subscription's session (within 10 s, even once the spec ended). It
+// may follow finish.
+func (v *victim) close(ctx context.Context) {
+	v.stop()
+	<-v.done
+	if v.sub == nil {
+		return
 	}
-	e, err := h.StartUnder(ctx, cond, opts...)
-	Expect(err).NotTo(HaveOccurred(), "start environment")
-	rec := h.NewRecorder(map[string]string{"condition": cond.Name, "security": cond.SecurityMode()})
-	_, err = spec.Apply(ctx, e, rec, cond)
-	Expect(err).NotTo(HaveOccurred(), "apply %s", cond.Name)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	_ = v.sub.Close(ctx)
+	v.sub = nil
+}
+
+// robustness is the scenario of the attacks against the target under cond
+// while a victim reads: what the server did is judged. On the reference
+// server the session flood goes past its limits (referenceLimits).
+//
+// The counts judged whatever the timing are planned before the attacks
+// run: a spec that ends before its judgement (its timeout while an attack
+// hangs the server, an interrupt) saves its history judged by them. The
+// workload (attackAll) replaces them with the full set, of the attacks
+// that ran. skipped receives the attacks the workload left out for lack
+// of the spec's time: the spec fails on them once the run was judged.
+func robustness(cond toxics.Condition, skipped *[]string) scenario.Scenario {
+	var planned check.AnswersConfig
+	var plannedNames []string
+	for _, a := range slices.Concat(attack.Background(), attack.Catalogue()) {
+		plannedNames = append(plannedNames, a.Name)
+		planned.Rules = append(planned.Rules, check.AnswerRule{Attack: a.Name, Allowed: a.Allowed, Deadline: a.Deadline})
+	}
+	s := scenario.Scenario{
+		Property: property, Name: "robustness", Condition: cond,
+		Checks: []check.Spec{
+			{Name: "survival", Config: check.SurvivalConfig{Attacks: plannedNames}},
+			{Name: "answers", Config: planned},
+			{Name: "victim-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{history.KindRead}, Drained: check.Codes{}}},
+		},
+		Workload: func(ctx context.Context, r *scenario.Run) error { return attackAll(ctx, r, skipped) },
+	}
+	if isReference() {
+		s.Server = referenceLimits
+	}
+	return s
+}
+
+// attackAll is the robustness workload: a victim reads through a baseline
+// phase, the attacks run one after another (the idle-connection attacks
+// beside them), then sessions, connections and memory are waited for to
+// return to their baseline (with a second round of the bursts when the
+// memory is out of its band) while the victim still reads. It plans the
+// checks of what ran (Run.Check) and puts the attacks it left out for
+// lack of the spec's time into skipped.
+func attackAll(ctx context.Context, r *scenario.Run, skipped *[]string) error {
+	e, rec, cond := r.Env, r.Rec, r.Scenario.Condition
 	w := watch.New(e, rec, watch.Options{Sessions: h.Setup.Probe.StandardDiagnostics.Found, Connections: e.Target.Diagnostics})
-	DeferCleanup(w.Close, NodeTimeout(10*time.Second))
+	defer closeWatch(ctx, w)
 	readings := func() {
 		w.State(ctx)
 		w.Memory(ctx)
 		w.Counts(ctx)
 	}
-	figs := map[string]float64{}
 
-	By(fmt.Sprintf("serving a victim: %d Reads/s on one session, a subscription where the target samples", victimRate))
-	v := startVictim(ctx, e, rec)
+	rec.Mark("victim", fmt.Sprintf("serving a victim: %d Reads/s on one session, a subscription where the target samples", victimRate))
+	v, err := startVictim(ctx, e, rec)
+	if err != nil {
+		return err
+	}
+	defer v.close(ctx)
 	sleep(ctx, victimWarmup)
 	baseline := history.Window{Start: rec.Now()}
 	readings()
@@ -221,8 +280,8 @@ func robustness(ctx SpecContext, cond toxics.Condition) {
 	}
 	baseline.End = rec.Now()
 
-	runner := &attack.Runner{Endpoint: e.Endpoint, Rec: rec, Seed: GinkgoRandomSeed()}
-	if h.Setup.Target.ServiceTime {
+	runner := &attack.Runner{Endpoint: e.Endpoint, Rec: rec, Seed: r.Seed}
+	if e.Target.ServiceTime {
 		runner.SlowNode = ua.NewStringNodeID(1, "Slow.300")
 	}
 	// The corrupt attack's connection goes through the second proxy, which
@@ -231,32 +290,16 @@ func robustness(ctx SpecContext, cond toxics.Condition) {
 		return e.Proxy.Apply(ctx, env.VictimProxyName, []toxics.Toxic{t})
 	}}
 	catalogue, background := attack.Catalogue(), attack.Background()
-	// The counts judged whatever the timing, planned before the attacks
-	// run: a spec that ends before Judge (its timeout while an attack
-	// hangs the server, an interrupt) saves its history judged by them.
-	// Judge replaces them with the full set.
-	var planned check.AnswersConfig
-	var plannedNames []string
-	for _, a := range slices.Concat(background, catalogue) {
-		plannedNames = append(plannedNames, a.Name)
-		planned.Rules = append(planned.Rules, check.AnswerRule{Attack: a.Name, Allowed: a.Allowed, Deadline: a.Deadline})
-	}
-	spec.Plan(
-		check.Spec{Name: "survival", Config: check.SurvivalConfig{Attacks: plannedNames}},
-		check.Spec{Name: "answers", Config: planned},
-		check.Spec{Name: "victim-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{history.KindRead}, Drained: check.Codes{}}},
-	)
-	By(fmt.Sprintf("attacking: %d attacks one after another, %d idle-connection attacks beside them", len(catalogue), len(background)))
+	rec.Mark("attacks", fmt.Sprintf("attacking: %d attacks one after another, %d idle-connection attacks beside them", len(catalogue), len(background)))
 	var errs []error
 	var waits []func() error
 	for _, a := range background {
 		waits = append(waits, runner.Go(ctx, a))
 	}
 	ran := append([]attack.Attack(nil), background...)
-	var skipped []string
 	for _, a := range catalogue {
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < reserve {
-			skipped = append(skipped, a.Name)
+			*skipped = append(*skipped, a.Name)
 			continue
 		}
 		tally, err := runner.Run(ctx, a)
@@ -279,8 +322,8 @@ func robustness(ctx SpecContext, cond toxics.Condition) {
 		}
 		w.State(ctx)
 	}
-	if len(skipped) > 0 {
-		rec.Mark("attacks-skipped", fmt.Sprint(skipped))
+	if len(*skipped) > 0 {
+		rec.Mark("attacks-skipped", fmt.Sprint(*skipped))
 	}
 	for _, wait := range waits {
 		errs = append(errs, wait())
@@ -288,7 +331,7 @@ func robustness(ctx SpecContext, cond toxics.Condition) {
 	attacked := rec.Now()
 	alive := w.State(ctx)
 
-	By("waiting for sessions, connections and memory to return to their baseline, the victim still reading")
+	rec.Mark("settle", "waiting for sessions, connections and memory to return to their baseline, the victim still reading")
 	baseSessions := -1.0
 	for o := range rec.History().AllOps() {
 		if o.Kind == history.KindSessionCount && o.Outcome == history.OK && baseline.Contains(o.Complete) {
@@ -319,7 +362,8 @@ func robustness(ctx SpecContext, cond toxics.Condition) {
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < reserve+settle {
 			rec.Mark("memory-round-skipped", fmt.Sprintf("less than %v of the spec's time left", reserve+settle))
 		} else {
-			By("memory out of its band: the bursts again, a second round (retention or a leak)")
+			// memory out of its band: the bursts again, a second round
+			// (retention or a leak)
 			second := rec.Now()
 			rounds = []history.Window{{Start: baseline.End, End: second}}
 			rec.Mark("memory-round", "2")
@@ -335,22 +379,37 @@ func robustness(ctx SpecContext, cond toxics.Condition) {
 		}
 	}
 	stopped := rec.Now()
-	vfigs, verr := v.finish()
-	maps.Copy(figs, vfigs)
+	verr := v.finish(r)
 	w.State(ctx)
 	w.Memory(ctx)
 	if len(rounds) > 0 {
 		rounds[len(rounds)-1].End = rec.Now()
 	}
 
+	r.Figures["attacks.run"] = float64(len(ran))
+	r.Figures["attacks.skipped"] = float64(len(*skipped))
+	r.Check(robustnessChecks(cond, ran, baseline, attacked, stopped, rounds, v.items)...)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("send attacks: %w", err)
+	}
+	if verr != nil {
+		return fmt.Errorf("run the victim: %w", verr)
+	}
+	return nil
+}
+
+// robustnessChecks are the checks of a robustness run under cond whose
+// attacks ran, whose baseline phase was baseline, whose attacks ended at
+// attacked and whose victim stopped at stopped; rounds are the memory
+// rounds (none: one), items the victim's monitored items (none: no
+// subscription).
+func robustnessChecks(cond toxics.Condition, ran []attack.Attack, baseline history.Window, attacked, stopped time.Duration, rounds []history.Window, items []string) []check.Spec {
 	names := make([]string, len(ran))
 	var answers check.AnswersConfig
 	for i, a := range ran {
 		names[i] = a.Name
 		answers.Rules = append(answers.Rules, check.AnswerRule{Attack: a.Name, Allowed: a.Allowed, Deadline: a.Deadline})
 	}
-	figs["attacks.run"] = float64(len(ran))
-	figs["attacks.skipped"] = float64(len(skipped))
 	reads := []history.Kind{history.KindRead}
 	checks := []check.Spec{
 		{Name: "survival", Config: check.SurvivalConfig{Attacks: names}},
@@ -362,19 +421,16 @@ func robustness(ctx SpecContext, cond toxics.Condition) {
 		{Name: "connections", Config: check.SettleConfig{Kind: history.KindConnectionCount, Baseline: baseline, From: attacked, Within: settle, Unit: "connections"}},
 		{Name: "memory", Config: memoryCheck(baseline, attacked, rounds)},
 	}
-	if len(v.items) > 0 {
+	if len(items) > 0 {
 		checks = append(checks, check.Spec{Name: "victim-sampling", Config: check.SamplingConfig{
-			Span: check.Span{From: baseline.Start, To: stopped}, Interval: subSampling, Items: v.items, MinFraction: subMinShare, MaxGap: maxStall(cond),
+			Span: check.Span{From: baseline.Start, To: stopped}, Interval: subSampling, Items: items, MinFraction: subMinShare, MaxGap: maxStall(cond),
 		}}, check.Spec{Name: "victim-sequence", Config: check.SequenceConfig{
 			// hostile traffic on other connections is no reason to skip
 			// or lose a notification message of the victim's
 			Subscriptions: []string{subLabel},
 		}})
 	}
-	spec.Judge(ctx, "robustness", cond.Name, rec, figs, checks...)
-	Expect(errors.Join(errs...)).NotTo(HaveOccurred(), "send attacks")
-	Expect(verr).NotTo(HaveOccurred(), "run the victim")
-	Expect(skipped).To(BeEmpty(), "attacks not run: less than %v of the spec's time left (every earlier attack waited for an answer)", reserve)
+	return checks
 }
 
 // catches are the bugs the spec is aimed at under baseline: a malformed
@@ -383,9 +439,18 @@ func robustness(ctx SpecContext, cond toxics.Condition) {
 // session count above its baseline).
 var catches = []catalog.Fault{catalog.FaultCrashOnDecode, catalog.FaultUnboundedIdle, catalog.FaultSessionsNeverExpire}
 
-var _ = Describe("Robustness", spec.Property("robustness"), func() {
+// robustnessRow is the body of the robustness table: the scenario of the row's
+// condition, judged first (the attacks that ran), then the attacks left
+// out for lack of the spec's time fail the spec.
+func robustnessRow(ctx SpecContext, cond toxics.Condition) {
+	var skipped []string
+	h.Run(ctx, robustness(cond, &skipped))
+	Expect(skipped).To(BeEmpty(), "attacks not run: less than %v of the spec's time left (every earlier attack waited for an answer)", reserve)
+}
+
+var _ = Describe("Robustness", spec.Property(property), func() {
 	DescribeTable("survives hostile traffic, answers every bad message, keeps serving a victim and returns to its baseline",
-		robustness, spec.Entries(toxics.CI(), catches, SpecTimeout(90*time.Second)),
+		robustnessRow, spec.Entries(toxics.CI(), catches, SpecTimeout(90*time.Second)),
 		// the victim on SignAndEncrypt channels; the attackers' own
 		// connections stay on None (hostile traffic needs no keys)
 		spec.Entries(toxics.Secured(toxics.SecuritySignEncrypt, toxics.Baseline), nil, SpecTimeout(90*time.Second), spec.Nightly))
