@@ -246,24 +246,10 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 		return v, true, nil
 	}
 	if rest, ok := strings.CutPrefix(name, "Slow."); ok && !s.cfg.NoServiceTimeNodes {
-		ms, err := strconv.Atoi(rest)
-		if err != nil || ms < 0 || ms > MaxSlowMillis {
-			return nil, false, nil
-		}
-		if err := sleep(ctx, time.Duration(ms)*time.Millisecond); err != nil {
-			return nil, false, err
-		}
-		return int64(ms), true, nil
+		return serviceTime(ctx, rest, MaxSlowMillis, time.Millisecond, sleep)
 	}
 	if rest, ok := strings.CutPrefix(name, "Busy."); ok && !s.cfg.NoServiceTimeNodes {
-		us, err := strconv.Atoi(rest)
-		if err != nil || us < 0 || us > MaxBusyMicros {
-			return nil, false, nil
-		}
-		if err := spin(ctx, time.Duration(us)*time.Microsecond); err != nil {
-			return nil, false, err
-		}
-		return int64(us), true, nil
+		return serviceTime(ctx, rest, MaxBusyMicros, time.Microsecond, spin)
 	}
 	if rest, ok := strings.CutPrefix(name, "Owner."); ok {
 		i := strings.LastIndexByte(rest, '.')
@@ -399,6 +385,20 @@ func (s *Server) memoryValue(name string) (int64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// serviceTime serves a service-time node whose name ends in n (rest), a
+// count of unit from 0 to limit: the read waits n units with wait and its
+// value is n. Any other n names no node.
+func serviceTime(ctx context.Context, rest string, limit int, unit time.Duration, wait func(context.Context, time.Duration) error) (any, bool, error) {
+	n, err := strconv.Atoi(rest)
+	if err != nil || n < 0 || n > limit {
+		return nil, false, nil
+	}
+	if err := wait(ctx, time.Duration(n)*unit); err != nil {
+		return nil, false, err
+	}
+	return int64(n), true, nil
 }
 
 // sleep waits d or until ctx ends.
