@@ -94,11 +94,20 @@ type Faults map[catalog.Fault]bool
 func (fs Faults) Has(f catalog.Fault) bool { return fs[f] }
 
 // String lists the enabled faults, sorted, comma separated ("none" if empty).
-func (fs Faults) String() string {
+func (fs Faults) String() string { return switchList(fs) }
+
+// ParseFaults parses a comma separated list of fault names.
+func ParseFaults(s string) (Faults, error) {
+	return parseSwitches[Faults](s, "fault", catalog.AllFaults)
+}
+
+// switchList lists the switches on in set, sorted, comma separated ("none"
+// if none is).
+func switchList[S ~map[K]bool, K ~string](set S) string {
 	var names []string
-	for f, on := range fs {
+	for k, on := range set {
 		if on {
-			names = append(names, string(f))
+			names = append(names, string(k))
 		}
 	}
 	if len(names) == 0 {
@@ -108,21 +117,22 @@ func (fs Faults) String() string {
 	return strings.Join(names, ",")
 }
 
-// ParseFaults parses a comma separated list of fault names.
-func ParseFaults(s string) (Faults, error) {
-	fs := Faults{}
+// parseSwitches parses a comma separated list of switch names, each one of
+// all; kind names a switch in the error.
+func parseSwitches[S ~map[K]bool, K ~string](s, kind string, all []K) (S, error) {
+	set := S{}
 	for _, name := range splitList(s) {
-		f := catalog.Fault(name)
-		if !slices.Contains(catalog.AllFaults, f) {
-			valid := make([]string, len(catalog.AllFaults))
-			for i, a := range catalog.AllFaults {
+		k := K(name)
+		if !slices.Contains(all, k) {
+			valid := make([]string, len(all))
+			for i, a := range all {
 				valid[i] = string(a)
 			}
-			return nil, fmt.Errorf("unknown fault %q (valid: %s)", name, strings.Join(valid, ", "))
+			return nil, fmt.Errorf("unknown %s %q (valid: %s)", kind, name, strings.Join(valid, ", "))
 		}
-		fs[f] = true
+		set[k] = true
 	}
-	return fs, nil
+	return set, nil
 }
 
 // ParseUsers parses "name:password,name2:password2".

@@ -1,10 +1,6 @@
 package server
 
 import (
-	"fmt"
-	"slices"
-	"sort"
-	"strings"
 	"time"
 
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
@@ -22,33 +18,9 @@ func (qs Quirks) Has(q catalog.Quirk) bool { return qs[q] }
 
 // String lists the enabled quirks, sorted, comma separated ("none" if
 // empty).
-func (qs Quirks) String() string {
-	var names []string
-	for q, on := range qs {
-		if on {
-			names = append(names, string(q))
-		}
-	}
-	if len(names) == 0 {
-		return "none"
-	}
-	sort.Strings(names)
-	return strings.Join(names, ",")
-}
+func (qs Quirks) String() string { return switchList(qs) }
 
 // ParseQuirks parses a comma separated list of quirk names.
 func ParseQuirks(s string) (Quirks, error) {
-	qs := Quirks{}
-	for _, name := range splitList(s) {
-		q := catalog.Quirk(name)
-		if !slices.Contains(catalog.AllQuirks, q) {
-			valid := make([]string, len(catalog.AllQuirks))
-			for i, a := range catalog.AllQuirks {
-				valid[i] = string(a)
-			}
-			return nil, fmt.Errorf("unknown quirk %q (valid: %s)", name, strings.Join(valid, ", "))
-		}
-		qs[q] = true
-	}
-	return qs, nil
+	return parseSwitches[Quirks](s, "quirk", catalog.AllQuirks)
 }
