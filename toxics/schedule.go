@@ -33,10 +33,8 @@ var Nemesis = []struct {
 		return Condition{Name: fmt.Sprintf("throttle-%d", i), Toxics: []Toxic{named(Bandwidth(Downstream, 64), i)}}
 	}},
 	{"slicer", func(i int) Condition {
-		return Condition{Name: fmt.Sprintf("slicer-%d", i), Toxics: []Toxic{named(Toxic{
-			Name: "slicer_downstream", Type: "slicer", Stream: Downstream,
-			Attributes: map[string]any{"average_size": 64, "size_variation": 32, "delay": 200},
-		}, i)}}
+		return Condition{Name: fmt.Sprintf("slicer-%d", i), Toxics: []Toxic{named(newToxic("slicer", Downstream,
+			map[string]any{"average_size": 64, "size_variation": 32, "delay": 200}), i)}}
 	}},
 	{"starve", func(i int) Condition {
 		return Condition{Name: fmt.Sprintf("starve-%d", i), NanoCPUs: 250_000_000}

@@ -99,46 +99,31 @@ func (c Condition) Base() string {
 	return strings.TrimSuffix(c.Name, "+"+c.Security)
 }
 
+// newToxic returns a toxic of type typ on one stream, named after both.
+func newToxic(typ, stream string, attrs map[string]any) Toxic {
+	return Toxic{Name: typ + "_" + stream, Type: typ, Stream: stream, Attributes: attrs}
+}
+
 // Latency returns a toxic that delays one direction by ms ± jitter ms.
 func Latency(stream string, ms, jitter int) Toxic {
-	return Toxic{
-		Name:       fmt.Sprintf("latency_%s", stream),
-		Type:       "latency",
-		Stream:     stream,
-		Attributes: map[string]any{"latency": ms, "jitter": jitter},
-	}
+	return newToxic("latency", stream, map[string]any{"latency": ms, "jitter": jitter})
 }
 
 // Bandwidth returns a toxic that limits one direction to kbps KB/s.
 func Bandwidth(stream string, kbps int) Toxic {
-	return Toxic{
-		Name:       fmt.Sprintf("bandwidth_%s", stream),
-		Type:       "bandwidth",
-		Stream:     stream,
-		Attributes: map[string]any{"rate": kbps},
-	}
+	return newToxic("bandwidth", stream, map[string]any{"rate": kbps})
 }
 
 // ResetPeer returns a toxic that resets connections (TCP RST) after
 // timeoutMS milliseconds of data (0: at once).
 func ResetPeer(stream string, timeoutMS int) Toxic {
-	return Toxic{
-		Name:       fmt.Sprintf("reset_peer_%s", stream),
-		Type:       "reset_peer",
-		Stream:     stream,
-		Attributes: map[string]any{"timeout": timeoutMS},
-	}
+	return newToxic("reset_peer", stream, map[string]any{"timeout": timeoutMS})
 }
 
 // Timeout returns a toxic that stops all data and closes the connection
 // after timeoutMS milliseconds (0: holds data until the toxic is removed).
 func Timeout(stream string, timeoutMS int) Toxic {
-	return Toxic{
-		Name:       fmt.Sprintf("timeout_%s", stream),
-		Type:       "timeout",
-		Stream:     stream,
-		Attributes: map[string]any{"timeout": timeoutMS},
-	}
+	return newToxic("timeout", stream, map[string]any{"timeout": timeoutMS})
 }
 
 // Corrupt returns a toxic that flips bits in a probability fraction of the
@@ -146,12 +131,7 @@ func Timeout(stream string, timeoutMS int) Toxic {
 // "corrupt" toxic of toxics/corrupt, registered in the project's
 // toxiproxy image only).
 func Corrupt(stream string, probability float64, bits int, seed int64) Toxic {
-	return Toxic{
-		Name:       fmt.Sprintf("corrupt_%s", stream),
-		Type:       "corrupt",
-		Stream:     stream,
-		Attributes: map[string]any{"probability": probability, "bits": bits, "seed": seed},
-	}
+	return newToxic("corrupt", stream, map[string]any{"probability": probability, "bits": bits, "seed": seed})
 }
 
 // The named conditions of the CI profile.
