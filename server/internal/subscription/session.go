@@ -130,6 +130,43 @@ func (s *Session) onSub(r ua.Request, id uint32, serve func(sub *Subscription) u
 	return serve(sub)
 }
 
+// onItems serves a request on ops monitored items of the subscription id
+// (see onSub). Before the lock is taken, more operations than the server
+// allows fault the request, and so does bad, a check of the request's own
+// fields, when it is not Good.
+func (s *Session) onItems(r ua.Request, ops int, bad ua.StatusCode, id uint32, serve func(sub *Subscription) ua.Response) ua.Response {
+	if st := s.m.opsStatus(ops); st != ua.StatusOK {
+		return s.m.Fault(r, st)
+	}
+	if bad != ua.StatusOK {
+		return s.m.Fault(r, bad)
+	}
+	return s.onSub(r, id, serve)
+}
+
+// timestampsStatus checks a request's TimestampsToReturn.
+func timestampsStatus(ts ua.TimestampsToReturn) ua.StatusCode {
+	if ts > ua.TimestampsToReturnNeither {
+		return ua.StatusBadTimestampsToReturnInvalid
+	}
+	return ua.StatusOK
+}
+
+// eachSubLocked applies do to each subscription of ids and returns the
+// operation results: BadSubscriptionIdInvalid for an id of none. s.mu held.
+func (s *Session) eachSubLocked(ids []uint32, do func(sub *Subscription)) []ua.StatusCode {
+	results := make([]ua.StatusCode, len(ids))
+	for i, id := range ids {
+		sub := s.subs[id]
+		if sub == nil {
+			results[i] = ua.StatusBadSubscriptionIDInvalid
+			continue
+		}
+		do(sub)
+	}
+	return results
+}
+
 // close deletes every subscription and answers the queued Publish requests
 // with code.
 func (s *Session) close(code ua.StatusCode) {
@@ -237,15 +274,7 @@ func (s *Session) DeleteSubscriptions(r *ua.DeleteSubscriptionsRequest) ua.Respo
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	results := make([]ua.StatusCode, len(r.SubscriptionIDs))
-	for i, id := range r.SubscriptionIDs {
-		sub := s.subs[id]
-		if sub == nil {
-			results[i] = ua.StatusBadSubscriptionIDInvalid
-			continue
-		}
-		s.deleteLocked(sub)
-	}
+	results := s.eachSubLocked(r.SubscriptionIDs, s.deleteLocked)
 	s.noSubscriptionsLocked()
 	return &ua.DeleteSubscriptionsResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
 }
@@ -302,15 +331,7 @@ func (s *Session) SetPublishingMode(r *ua.SetPublishingModeRequest) ua.Response 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	results := make([]ua.StatusCode, len(r.SubscriptionIDs))
-	for i, id := range r.SubscriptionIDs {
-		sub := s.subs[id]
-		if sub == nil {
-			results[i] = ua.StatusBadSubscriptionIDInvalid
-			continue
-		}
-		sub.enabled = r.PublishingEnabled
-	}
+	results := s.eachSubLocked(r.SubscriptionIDs, func(sub *Subscription) { sub.enabled = r.PublishingEnabled })
 	return &ua.SetPublishingModeResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
 }
 
@@ -344,16 +365,11 @@ func (s *Session) itemParams(sub *Subscription, p *ua.MonitoringParameters, attr
 // item takes an initial sample at once.
 func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Response {
 	m := s.m
-	if st := m.opsStatus(len(r.ItemsToCreate)); st != ua.StatusOK {
-		return m.Fault(r, st)
-	}
+	bad := timestampsStatus(r.TimestampsToReturn)
 	if len(r.ItemsToCreate) > m.opts.MaxItemsPerCall {
-		return m.Fault(r, ua.StatusBadTooManyOperations)
+		bad = ua.StatusBadTooManyOperations
 	}
-	if r.TimestampsToReturn > ua.TimestampsToReturnNeither {
-		return m.Fault(r, ua.StatusBadTimestampsToReturnInvalid)
-	}
-	return s.onSub(r, r.SubscriptionID, func(sub *Subscription) ua.Response {
+	return s.onItems(r, len(r.ItemsToCreate), bad, r.SubscriptionID, func(sub *Subscription) ua.Response {
 		st := s.sampleTime()
 		results := make([]*ua.MonitoredItemCreateResult, len(r.ItemsToCreate))
 		refused := 0 // items over the memory budget
@@ -451,13 +467,7 @@ func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Res
 // ModifyMonitoredItems serves the ModifyMonitoredItems service.
 func (s *Session) ModifyMonitoredItems(r *ua.ModifyMonitoredItemsRequest) ua.Response {
 	m := s.m
-	if st := m.opsStatus(len(r.ItemsToModify)); st != ua.StatusOK {
-		return m.Fault(r, st)
-	}
-	if r.TimestampsToReturn > ua.TimestampsToReturnNeither {
-		return m.Fault(r, ua.StatusBadTimestampsToReturnInvalid)
-	}
-	return s.onSub(r, r.SubscriptionID, func(sub *Subscription) ua.Response {
+	return s.onItems(r, len(r.ItemsToModify), timestampsStatus(r.TimestampsToReturn), r.SubscriptionID, func(sub *Subscription) ua.Response {
 		results := make([]*ua.MonitoredItemModifyResult, len(r.ItemsToModify))
 		for i, c := range r.ItemsToModify {
 			res := &ua.MonitoredItemModifyResult{FilterResult: ua.NewExtensionObject(nil)}
@@ -511,10 +521,7 @@ func (s *Session) ModifyMonitoredItems(r *ua.ModifyMonitoredItemsRequest) ua.Res
 // DeleteMonitoredItems serves the DeleteMonitoredItems service.
 func (s *Session) DeleteMonitoredItems(r *ua.DeleteMonitoredItemsRequest) ua.Response {
 	m := s.m
-	if st := m.opsStatus(len(r.MonitoredItemIDs)); st != ua.StatusOK {
-		return m.Fault(r, st)
-	}
-	return s.onSub(r, r.SubscriptionID, func(sub *Subscription) ua.Response {
+	return s.onItems(r, len(r.MonitoredItemIDs), ua.StatusOK, r.SubscriptionID, func(sub *Subscription) ua.Response {
 		results := make([]ua.StatusCode, len(r.MonitoredItemIDs))
 		var deleted []*MonitoredItem
 		gone := make(map[*MonitoredItem]bool)
@@ -540,13 +547,11 @@ func (s *Session) DeleteMonitoredItems(r *ua.DeleteMonitoredItemsRequest) ua.Res
 // SetMonitoringMode serves the SetMonitoringMode service.
 func (s *Session) SetMonitoringMode(r *ua.SetMonitoringModeRequest) ua.Response {
 	m := s.m
-	if st := m.opsStatus(len(r.MonitoredItemIDs)); st != ua.StatusOK {
-		return m.Fault(r, st)
-	}
+	bad := ua.StatusOK
 	if r.MonitoringMode > ua.MonitoringModeReporting {
-		return m.Fault(r, ua.StatusBadMonitoringModeInvalid)
+		bad = ua.StatusBadMonitoringModeInvalid
 	}
-	return s.onSub(r, r.SubscriptionID, func(sub *Subscription) ua.Response {
+	return s.onItems(r, len(r.MonitoredItemIDs), bad, r.SubscriptionID, func(sub *Subscription) ua.Response {
 		st := s.sampleTime()
 		results := make([]ua.StatusCode, len(r.MonitoredItemIDs))
 		for i, id := range r.MonitoredItemIDs {
