@@ -151,8 +151,8 @@ func refillChecks() []check.Spec {
 		{Name: "refill-exactly-once", Config: check.ExactlyOnceConfig{Kinds: slow}},
 		{Name: "refill-backpressure", Config: check.BackpressureConfig{
 			Kinds:      slow,
-			MaxPending: check.ReadingMaxPending, HighMark: highMark,
-			Resumed: check.ReadingLowestResume, LowMark: lowMark, LowSlack: lowSlack,
+			MaxPending: history.ReadingMaxPending, HighMark: highMark,
+			Resumed: history.ReadingLowestResume, LowMark: lowMark, LowSlack: lowSlack,
 			BacklogSettle: refillSettle,
 			Idle:          true, IdleGap: refillIdleGap, MaxIdleShare: refillMaxIdleShare, IdleOutOfOrder: true,
 		}},
@@ -206,7 +206,7 @@ func settle(ctx context.Context, mon *env.Monitor) {
 	}
 }
 
-// stopMonitor stops the monitor (spec.MonitorServer recorded its readings,
+// stopMonitor stops the monitor (watch.MonitorServer recorded its readings,
 // memory and CPU, into the history as it took them) and returns the
 // server's usage (nil for a target without container: memory is then not
 // judged, and the check says so).
@@ -265,7 +265,7 @@ func diagnostics(ctx context.Context, r *scenario.Run, prefix string) {
 	for n, v := range got {
 		figs[prefix+n] = v
 	}
-	spec.RecordReadings(rec, figs, prefix, "Channel.MaxPendingResponses", "Channel.BackpressurePauses", "Channel.LowestResume")
+	watch.RecordReadings(rec, figs, prefix, "Channel.MaxPendingResponses", "Channel.BackpressurePauses", "Channel.LowestResume")
 }
 
 // diagnosticsTimeout bounds the read of the server's counters after the
@@ -301,12 +301,12 @@ func backpressureCheck(name string, growth, retained float64, backlogged string)
 	cfg := check.BackpressureConfig{
 		Kinds:        judged,
 		MaxGrowthMiB: growth, MaxRetainedMiB: retained,
-		MaxPending: check.ReadingMaxPending, HighMark: highMark,
-		Resumed: check.ReadingLowestResume, LowMark: lowMark, LowSlack: lowSlack,
+		MaxPending: history.ReadingMaxPending, HighMark: highMark,
+		Resumed: history.ReadingLowestResume, LowMark: lowMark, LowSlack: lowSlack,
 		Settle: drainRelease,
 	}
 	if backlogged != "" {
-		cfg.Pending, cfg.Backlogged = check.ReadingPending, backlogged
+		cfg.Pending, cfg.Backlogged = history.ReadingPending, backlogged
 	}
 	return check.Spec{Name: name, Config: cfg}
 }
@@ -374,7 +374,7 @@ var refillCatches = []catalog.Fault{catalog.FaultLateResume, catalog.FaultLateRe
 // condition by then.
 func watchServer(ctx context.Context, r *scenario.Run) *env.Monitor {
 	serverRuns(ctx, r.Env, r.Rec)
-	return spec.MonitorServer(ctx, r.Env, r.Rec)
+	return watch.MonitorServer(ctx, r.Env, r.Rec)
 }
 
 // profiler writes heap profiles of the load driver at offsets from now
@@ -406,7 +406,7 @@ func nemesisSoak(runFor time.Duration, profile profiler, log io.Writer) scenario
 			// and its sessions and connections do not keep growing
 			{Name: "nemesis-trend", Config: check.TrendConfig{Kinds: judged,
 				Counts: []history.Kind{history.KindSessionCount, history.KindConnectionCount}}},
-			spec.Headroom(0), // the schedule changes the server's limit
+			scenario.Headroom(0), // the schedule changes the server's limit
 		},
 	}
 	s.Workload = func(ctx context.Context, r *scenario.Run) (err error) {
@@ -439,7 +439,7 @@ func nemesisSoak(runFor time.Duration, profile profiler, log io.Writer) scenario
 		if err != nil {
 			return err
 		}
-		r.AddFigures("", spec.LoadFigures("nemesis.", st, us))
+		r.AddFigures("", watch.LoadFigures("nemesis.", st, us))
 		sp := rec.History().SpillStats()
 		r.Figures["nemesis.history.spilled_ops"], r.Figures["nemesis.history.spilled_mib"] = float64(sp.Ops), float64(sp.Bytes)/(1<<20)
 		fmt.Fprintf(log, "history: %d ops spilled in %d segments, %.1f MiB on disk (%.1f B/op)\n", sp.Ops, sp.Segments, float64(sp.Bytes)/(1<<20), float64(sp.Bytes)/float64(max(sp.Ops, 1)))
@@ -465,7 +465,7 @@ func deep(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 			reportIdle(backpressureCheck("deep-backpressure", deepGrowthMiB, deepRetainedMiB, "")),
 			survival("deep-survival"),
 			sessionsOpened("deep-sessions", deepSessions),
-			spec.Headroom(float64(cond.NanoCPUs) / 1e9),
+			scenario.Headroom(float64(cond.NanoCPUs) / 1e9),
 		},
 	}
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
@@ -489,7 +489,7 @@ func deep(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 		if err != nil {
 			return err
 		}
-		r.AddFigures("", spec.LoadFigures("deep.", st, us))
+		r.AddFigures("", watch.LoadFigures("deep.", st, us))
 		diagnostics(ctx, r, "deep.diag.")
 		rec.Reading(readingSessionsOpened, float64(st.Sessions))
 		return nil
@@ -522,7 +522,7 @@ func refill(cond toxics.Condition) scenario.Scenario {
 		if err != nil {
 			return err
 		}
-		r.AddFigures("", spec.LoadFigures("refill.", st, us))
+		r.AddFigures("", watch.LoadFigures("refill.", st, us))
 		diagnostics(ctx, r, "refill.diag.")
 		rec.Reading(readingSessionsOpened, float64(st.Sessions))
 		return nil

@@ -401,9 +401,6 @@ func sessionCount(ctx context.Context, c *uaclient.Client) (uint32, error) {
 
 // Readings the cancellation checks judge.
 const (
-	// readingSessionsFailed is how many sessions of a load phase could
-	// not be opened.
-	readingSessionsFailed = "client.sessions_failed"
 	// The server's CurrentSessionCount before the victims, with them
 	// open, and after the storm (read until it returns to the baseline
 	// or sessionsSettle passes).
@@ -418,7 +415,7 @@ const (
 // sessionsOpened is the check that every session of every phase opened.
 func sessionsOpened(name string) check.Spec {
 	return check.Spec{Name: name, Config: check.ReadingsConfig{
-		Reading: readingSessionsFailed, Stat: check.StatMax, Max: check.Bound(0), Required: true, Count: true,
+		Reading: history.ReadingSessionsFailed, Stat: check.StatMax, Max: check.Bound(0), Required: true, Count: true,
 		What: "sessions that could not be opened",
 	}}
 }
@@ -545,7 +542,7 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 			if err != nil {
 				return start, fmt.Errorf("run %s phase: %w", name, err)
 			}
-			rec.Reading(readingSessionsFailed, float64(st.SessionsFailed))
+			rec.Reading(history.ReadingSessionsFailed, float64(st.SessionsFailed))
 			r.AddFigures("storm."+name+".", map[string]float64{"requests": float64(st.Requests), "ok": float64(st.OK), "cancels": float64(st.Cancels), "req_s": st.Throughput()})
 			return start, nil
 		}

@@ -161,7 +161,7 @@ type owner struct {
 // and reports the extra figures (load and server usage).
 //
 // The load goes on past the planned windows while fewer than the planned
-// number of them were quiet (spec.MeasureQuiet, judged with the bounds of
+// number of them were quiet (scenario.MeasureQuiet, judged with the bounds of
 // tl's quiet assumption), at most as long again: windows the host
 // disturbed are left out of the shares, and the spec is judged on quiet
 // ones. The run's checks (checks of tl, planned before the load) are then
@@ -170,7 +170,7 @@ type owner struct {
 func runShare(sh shape, tl timeline, owners []owner, checks func(timeline) []check.Spec) scenario.Workload {
 	return func(ctx context.Context, r *scenario.Run) error {
 		e, rec, cond := r.Env, r.Rec, r.Scenario.Condition
-		mq := spec.NewMeasureQuiet(rec, tl.quiet(), tl.windows)
+		mq := scenario.NewMeasureQuiet(rec, tl.quiet(), tl.windows)
 		if tl.nemesis {
 			// a soak needs a few quiet windows of its many, not all
 			mq.Want, mq.Extra = max(3, tl.windows/2), time.Duration(tl.windows/4)*tl.window
@@ -190,7 +190,7 @@ func runShare(sh shape, tl timeline, owners []owner, checks func(timeline) []che
 				Requests: []load.Request{sh.request},
 			})...)
 		}
-		mon := spec.MonitorServer(ctx, e, rec)
+		mon := watch.MonitorServer(ctx, e, rec)
 		var nodes []string
 		for _, o := range owners {
 			nodes = append(nodes, "Owner."+o.user+".Queued", "Owner."+o.user+".Emptied", "Owner."+o.user+".Dispatched")
@@ -211,7 +211,7 @@ func runShare(sh shape, tl timeline, owners []owner, checks func(timeline) []che
 			}
 			us = &u
 		}
-		r.AddFigures("", spec.LoadFigures("", st, us))
+		r.AddFigures("", watch.LoadFigures("", st, us))
 		r.Figures[report.HostExtended] = float64(mq.Extended())
 		tl.windows = mq.Windows()
 		r.Check(checks(tl)...) // same names: replaced in place
@@ -262,7 +262,7 @@ func measureCap(cond toxics.Condition, sh shape) int64 {
 // yet it runs dry over and over, and its share falls to the light owner's.
 // A CPU-limited server serving CPU-bound requests must be saturated (≥ 80
 // % of its limit), or the shares say nothing about its scheduler. And the
-// load driver had CPU to spare (spec.Headroom). The two backlog
+// load driver had CPU to spare (scenario.Headroom). The two backlog
 // assumptions read the server's own counters (check.AssumeServer): a
 // server whose bug empties them (owners keyed by session, not user)
 // fails on its shares, named first, instead of reading not judged.
@@ -284,10 +284,10 @@ func assumptions(name string, cond toxics.Condition, sh shape, tl timeline, owne
 		limit = float64(c) / 1e9
 	}
 	// The driver had CPU to spare: a client-bound run measured it.
-	out = append(out, spec.Headroom(limit), tl.quiet())
+	out = append(out, scenario.Headroom(limit), tl.quiet())
 	if sh.cpuBound && limit > 0 {
 		out = append(out, check.Assume(name+"-saturated", check.ReadingsConfig{
-			Reading: check.ReadingCPU, Stat: check.StatRate, Min: check.Bound(0.8 * limit),
+			Reading: history.ReadingCPU, Stat: check.StatRate, Min: check.Bound(0.8 * limit),
 			What: fmt.Sprintf("cores the server used of its %.2f limit", limit),
 		}))
 	}

@@ -167,7 +167,7 @@ func exhaust(ctx context.Context, r *scenario.Run, attacks []attack.Attack, name
 			Attacks: names, Bound: float64(tgt.MemoryBound), Baseline: baseline}})
 	case budget > 0:
 		checks = append(checks, check.Spec{Name: "memory-peak", Config: check.MemoryPeakConfig{
-			Attacks: names, BudgetReading: fresh.BudgetReading, Factor: peakFactor, Slack: peakSlack, Baseline: baseline}})
+			Attacks: names, BudgetReading: history.ReadingMemoryBudget, Factor: peakFactor, Slack: peakSlack, Baseline: baseline}})
 	}
 	if tgt.LoginThrottle {
 		// a target that throttles failed logins (OPCUA_CHAOS_LOGIN_THROTTLE;

@@ -195,7 +195,7 @@ func delivers(items int) func(toxics.Condition) scenario.Scenario {
 		s.Workload = func(ctx context.Context, r *scenario.Run) error {
 			// windows the host disturbed are left out of the fractions:
 			// the subscription goes on until 5 were quiet, at most 5 more
-			mq := spec.NewMeasureQuiet(r.Rec, scenario.QuietFine(span), span.Count)
+			mq := scenario.NewMeasureQuiet(r.Rec, scenario.QuietFine(span), span.Count)
 			// The checks' windows are those the subscription covered,
 			// known once it ended: planned up front over the first 5,
 			// revised on every way out, so that a run cut short keeps

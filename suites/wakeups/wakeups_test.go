@@ -75,14 +75,10 @@ func exactlyOnce(name string) check.Spec {
 	return check.Spec{Name: name, Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead}}}
 }
 
-// readingSessionsFailed is the reading of how many sessions of a load
-// could not be opened.
-const readingSessionsFailed = "client.sessions_failed"
-
 // sessionsOpened is the check that every session of every load opened.
 func sessionsOpened(name string) check.Spec {
 	return check.Spec{Name: name, Config: check.ReadingsConfig{
-		Reading: readingSessionsFailed, Stat: check.StatMax, Max: check.Bound(0), Required: true, Count: true,
+		Reading: history.ReadingSessionsFailed, Stat: check.StatMax, Max: check.Bound(0), Required: true, Count: true,
 		What: "sessions that could not be opened",
 	}}
 }
@@ -112,7 +108,7 @@ func drive(ctx context.Context, r *scenario.Run, prefix string, p load.Profile) 
 	if err != nil {
 		return fmt.Errorf("run load %s: %w", p.Name, err)
 	}
-	r.Rec.Reading(readingSessionsFailed, float64(st.SessionsFailed))
+	r.Rec.Reading(history.ReadingSessionsFailed, float64(st.SessionsFailed))
 	r.AddFigures(prefix, st.Figures())
 	return nil
 }
