@@ -223,7 +223,7 @@ type SecureTransport struct {
 	// the crypto-in-gate fault.
 	sendMu   sync.Mutex
 	seq      uint32 // last sequence number sent; sendMu held (None) or turnMu (secured)
-	writeMu  sync.Mutex
+	writeMu  writeLock
 	gateHeld bool // the reader holds sendMu for a request being handled (crypto-in-gate)
 
 	// Write order of a secured channel's chunks: tickets are taken with
@@ -311,6 +311,7 @@ func Accept(c net.Conn, cfg Config) (*SecureTransport, error) {
 	}
 	lim := cfg.Limits.fill()
 	t := &SecureTransport{
+		writeMu: newWriteLock(),
 		conn:    c,
 		cfg:     cfg,
 		lim:     lim,
@@ -379,6 +380,41 @@ func frame(typ string, chunk byte, body []byte) []byte {
 	b[3] = chunk
 	binary.LittleEndian.PutUint32(b[4:], uint32(frameHeaderLen+len(body)))
 	return append(b, body...)
+}
+
+// abortWait is how long Abort waits for a write in progress before it
+// closes without its ERR message: long enough for a write the peer is
+// reading to finish, short enough not to wait on a peer that does not read.
+const abortWait = 250 * time.Millisecond
+
+// writeLock serialises writes to the connection. Unlike sync.Mutex it can
+// be waited for with a bound (LockWithin). The zero value is unusable; use
+// newWriteLock.
+type writeLock chan struct{}
+
+func newWriteLock() writeLock { return make(writeLock, 1) }
+
+// Lock waits for the lock.
+func (l writeLock) Lock() { l <- struct{}{} }
+
+// Unlock releases the lock.
+func (l writeLock) Unlock() { <-l }
+
+// LockWithin waits at most d for the lock and reports whether it got it.
+func (l writeLock) LockWithin(d time.Duration) bool {
+	select {
+	case l <- struct{}{}:
+		return true
+	default:
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case l <- struct{}{}:
+		return true
+	case <-timer.C:
+		return false
+	}
 }
 
 // write writes b; writeMu must be held unless no other goroutine can write.
@@ -1126,10 +1162,11 @@ func (t *SecureTransport) nextSeq() uint32 {
 }
 
 // Abort sends an ERR message with code and closes the connection. If a
-// response is being written (to a peer that does not read), it closes
-// without the ERR message rather than wait.
+// response is being written, it waits up to abortWait for that write to
+// finish; a write still blocked then (a peer that does not read) makes it
+// close without the ERR message rather than wait longer.
 func (t *SecureTransport) Abort(code ua.StatusCode) error {
-	if t.writeMu.TryLock() {
+	if t.writeMu.LockWithin(abortWait) {
 		t.abortLocked(code)
 		t.writeMu.Unlock()
 	}

@@ -296,3 +296,24 @@ func TestUnguardedDecodePanics(t *testing.T) {
 	}()
 	unguarded.request(1, body)
 }
+
+// TestWriteLockWithin: LockWithin gets a lock released within its bound
+// and gives up on one held longer.
+func TestWriteLockWithin(t *testing.T) {
+	l := newWriteLock()
+	l.Lock()
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		l.Unlock()
+	}()
+	if !l.LockWithin(5 * time.Second) {
+		t.Fatal("LockWithin did not get a lock released after 20 ms")
+	}
+	start := time.Now()
+	if l.LockWithin(50 * time.Millisecond) {
+		t.Fatal("LockWithin got a lock that is held")
+	}
+	if waited := time.Since(start); waited < 50*time.Millisecond {
+		t.Fatalf("LockWithin gave up after %v, want at least 50ms", waited)
+	}
+}
