@@ -1,7 +1,6 @@
 package server
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -15,7 +14,7 @@ import (
 
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
-	"github.com/opcua-chaos/opcua-chaos/server/internal/uatest"
+	"github.com/opcua-chaos/opcua-chaos/server/uawire"
 )
 
 // Regression tests of issue 32 (resource exhaustion), transport side:
@@ -47,10 +46,10 @@ func statusRead() *ua.ReadRequest {
 // chunks of one unfinished request (id 100) on each, then a complete small
 // request whose answer shows that the server read and kept the chunks
 // before it.
-func holdChunks(t *testing.T, addr string, n int) []*uatest.Conn {
+func holdChunks(t *testing.T, addr string, n int) []*uawire.Conn {
 	t.Helper()
 	payload := make([]byte, chunkData)
-	conns := make([]*uatest.Conn, n)
+	conns := make([]*uawire.Conn, n)
 	for i := range conns {
 		c := rawChannel(t, addr, uacp.Hello{})
 		conns[i] = c
@@ -144,7 +143,7 @@ func TestFaultChunksPerChannelOnly(t *testing.T) {
 // awaitClose reads from c until the server closes it or within elapses. It
 // returns the ERR message's code (0 if closed without one) and how long it
 // took; it fails the test if c is still open.
-func awaitClose(t *testing.T, c *uatest.Conn, within time.Duration) (ua.StatusCode, time.Duration) {
+func awaitClose(t *testing.T, c *uawire.Conn, within time.Duration) (ua.StatusCode, time.Duration) {
 	t.Helper()
 	start := time.Now()
 	code, err := closed(c, within)
@@ -157,11 +156,11 @@ func awaitClose(t *testing.T, c *uatest.Conn, within time.Duration) (ua.StatusCo
 // closed reads from c until the server closes it and returns the ERR
 // message's code (0 if closed without one), or an error if c is still
 // open after within.
-func closed(c *uatest.Conn, within time.Duration) (ua.StatusCode, error) {
+func closed(c *uawire.Conn, within time.Duration) (ua.StatusCode, error) {
 	_ = c.SetReadDeadline(time.Now().Add(within))
 	for {
 		_, _, _, err := c.ReadFrame()
-		var em *uatest.ErrorMessage
+		var em *uawire.ErrorMessage
 		switch {
 		case err == nil:
 			continue // a late response
@@ -176,7 +175,7 @@ func closed(c *uatest.Conn, within time.Duration) (ua.StatusCode, error) {
 }
 
 // stillOpen checks that c gets nothing, not even a close, for d.
-func stillOpen(t *testing.T, c *uatest.Conn, d time.Duration, what string) {
+func stillOpen(t *testing.T, c *uawire.Conn, d time.Duration, what string) {
 	t.Helper()
 	_ = c.SetReadDeadline(time.Now().Add(d))
 	if _, _, _, err := c.ReadFrame(); !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -222,10 +221,10 @@ func TestIdleTimeoutAfterOpen(t *testing.T) {
 }
 
 // openLifetime sends an OpenSecureChannel of kind asking for lifetime on
-// c and sets c's channel and token ids (uatest always asks for an hour).
-func openLifetime(t *testing.T, c *uatest.Conn, kind ua.SecurityTokenRequestType, lifetime time.Duration, reqID uint32) time.Duration {
+// c and sets c's channel and token ids (uawire.Conn always asks for an hour).
+func openLifetime(t *testing.T, c *uawire.Conn, kind ua.SecurityTokenRequestType, lifetime time.Duration, reqID uint32) time.Duration {
 	t.Helper()
-	body, err := uatest.EncodeService(&ua.OpenSecureChannelRequest{
+	body, err := uawire.EncodeService(&ua.OpenSecureChannelRequest{
 		RequestHeader:     rawHeader(reqID),
 		RequestType:       kind,
 		SecurityMode:      ua.MessageSecurityModeNone,
@@ -235,30 +234,23 @@ func openLifetime(t *testing.T, c *uatest.Conn, kind ua.SecurityTokenRequestType
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := binary.LittleEndian.AppendUint32(nil, c.ChannelID)
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(ua.SecurityPolicyURINone)))
-	b = append(b, ua.SecurityPolicyURINone...)
-	b = binary.LittleEndian.AppendUint32(b, 0xffffffff)
-	b = binary.LittleEndian.AppendUint32(b, 0xffffffff)
-	b = binary.LittleEndian.AppendUint32(b, reqID) // sequence number (not checked under None)
-	b = binary.LittleEndian.AppendUint32(b, reqID)
-	if _, err := c.Write(uatest.Frame("OPN", 'F', append(b, body...))); err != nil {
+	// the sequence number is the request id (not checked under None)
+	if _, err := c.Write(uawire.OpenFrame(c.ChannelID, reqID, reqID, body)); err != nil {
 		t.Fatal(err)
 	}
 	for {
-		typ, _, body, err := c.ReadFrame()
+		typ, chunk, body, err := c.ReadFrame()
 		if err != nil {
 			t.Fatalf("OpenSecureChannel: %v", err)
 		}
 		if typ != "OPN" {
 			continue // a late response
 		}
-		r := body[4:] // channel id; then policy, certificate, thumbprint
-		for range 3 {
-			n := int32(binary.LittleEndian.Uint32(r))
-			r = r[4+max(n, 0):]
+		ch, err := uawire.ParseBody(typ, chunk, body)
+		if err != nil {
+			t.Fatal(err)
 		}
-		_, v, err := ua.DecodeService(r[8:])
+		v, err := uawire.DecodeService(ch.Body)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -277,8 +269,8 @@ func TestTokenLifetimeEnforced(t *testing.T) {
 	for _, fault := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
 			ts := runServer(t, Config{MinChannelLifetime: lifetime, Faults: Faults{catalog.FaultIdleAfterOpen: fault}})
-			dial := func() (*uatest.Conn, time.Time) {
-				c, err := uatest.Dial(ts.addr, uacp.Hello{})
+			dial := func() (*uawire.Conn, time.Time) {
+				c, err := uawire.Dial(ts.addr, uacp.Hello{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -353,14 +345,14 @@ func TestEvictAtConnectionLimit(t *testing.T) {
 	for _, fault := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
 			ts := runServer(t, Config{MaxConnections: limit, Faults: Faults{catalog.FaultIdleAfterOpen: fault}})
-			idle := make([]*uatest.Conn, limit)
+			idle := make([]*uawire.Conn, limit)
 			for i := range idle {
 				idle[i] = rawChannel(t, ts.addr, uacp.Hello{})
 			}
 			waitFor(t, "the idle channels", func() bool { return ts.openConns.Load() == limit })
-			victim, err := uatest.Dial(ts.addr, uacp.Hello{})
+			victim, err := uawire.Dial(ts.addr, uacp.Hello{})
 			if fault {
-				var em *uatest.ErrorMessage
+				var em *uawire.ErrorMessage
 				if !errors.As(err, &em) || em.Code != ua.StatusBadMaxConnectionsReached {
 					t.Fatalf("new client under the fault: %v, want ERR BadMaxConnectionsReached", err)
 				}
@@ -422,12 +414,12 @@ func TestEvictSparesActivated(t *testing.T) {
 	if err := b.Session(nil); err != nil {
 		t.Fatal(err)
 	}
-	_, err = uatest.Dial(ts.addr, uacp.Hello{})
-	var em *uatest.ErrorMessage
+	_, err = uawire.Dial(ts.addr, uacp.Hello{})
+	var em *uawire.ErrorMessage
 	if !errors.As(err, &em) || em.Code != ua.StatusBadMaxConnectionsReached {
 		t.Fatalf("new client with every connection activated: %v, want ERR BadMaxConnectionsReached", err)
 	}
-	for name, c := range map[string]*uatest.Conn{"a": a, "b": b} {
+	for name, c := range map[string]*uawire.Conn{"a": a, "b": b} {
 		if r, err := c.Call(statusRead()); err != nil || r.Status() != ua.StatusOK {
 			t.Errorf("activated channel %s after the refusal: %v %v", name, r, err)
 		}
@@ -444,7 +436,7 @@ func TestEvictSparesActivated(t *testing.T) {
 func TestExpiredOldTokenRefused(t *testing.T) {
 	const lifetime = 400 * time.Millisecond
 	ts := runServer(t, Config{MinChannelLifetime: lifetime})
-	c, err := uatest.Dial(ts.addr, uacp.Hello{})
+	c, err := uawire.Dial(ts.addr, uacp.Hello{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -460,7 +452,7 @@ func TestExpiredOldTokenRefused(t *testing.T) {
 	}
 	time.Sleep(time.Until(issued.Add(lifetime*5/4 + 50*time.Millisecond)))
 	_, err = c.Call(statusRead())
-	var em *uatest.ErrorMessage
+	var em *uawire.ErrorMessage
 	if !errors.As(err, &em) || em.Code != ua.StatusBadSecureChannelTokenUnknown {
 		t.Fatalf("previous token after its expiry: %v, want ERR BadSecureChannelTokenUnknown", err)
 	}

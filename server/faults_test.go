@@ -21,7 +21,7 @@ import (
 	"github.com/gopcua/opcua/uacp"
 
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
-	"github.com/opcua-chaos/opcua-chaos/server/internal/uatest"
+	"github.com/opcua-chaos/opcua-chaos/server/uawire"
 )
 
 // childEnv makes this test binary run TestServerChild as a server process
@@ -131,7 +131,7 @@ func TestFaultCrashOnDecode(t *testing.T) {
 	for _, faults := range []string{"none", string(catalog.FaultCrashOnDecode)} {
 		t.Run(faults, func(t *testing.T) {
 			srv := startChild(t, faults)
-			c, err := uatest.Dial(srv.addr, uacp.Hello{})
+			c, err := uawire.Dial(srv.addr, uacp.Hello{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -196,7 +196,7 @@ func TestFaultUnboundedIdle(t *testing.T) {
 	if n := ts.openConns.Load(); n != 3 {
 		t.Errorf("%d connections served, want 3 (no limit)", n)
 	}
-	c, err := uatest.Dial(ts.addr, uacp.Hello{})
+	c, err := uawire.Dial(ts.addr, uacp.Hello{})
 	if err != nil {
 		t.Fatalf("fourth connection refused: %v", err)
 	}

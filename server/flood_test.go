@@ -10,7 +10,7 @@ import (
 	"github.com/gopcua/opcua/uacp"
 
 	"github.com/opcua-chaos/opcua-chaos/server/internal/subscription"
-	"github.com/opcua-chaos/opcua-chaos/server/internal/uatest"
+	"github.com/opcua-chaos/opcua-chaos/server/uawire"
 )
 
 // Floods of valid requests that a server must bound (issue 14: Publish
@@ -18,7 +18,7 @@ import (
 
 // rawSessionChannel opens a raw channel with an activated anonymous
 // session.
-func rawSessionChannel(t *testing.T, addr string) *uatest.Conn {
+func rawSessionChannel(t *testing.T, addr string) *uawire.Conn {
 	t.Helper()
 	c := rawChannel(t, addr, uacp.Hello{})
 	if err := c.Session(nil); err != nil {
@@ -30,7 +30,7 @@ func rawSessionChannel(t *testing.T, addr string) *uatest.Conn {
 // rawSubscription creates a subscription with a long publishing interval
 // and keep-alive count, so that nothing answers a parked Publish during a
 // test, and returns its id.
-func rawSubscription(t *testing.T, c *uatest.Conn) uint32 {
+func rawSubscription(t *testing.T, c *uawire.Conn) uint32 {
 	t.Helper()
 	r, err := c.Call(&ua.CreateSubscriptionRequest{
 		RequestedPublishingInterval: 60_000,
@@ -156,7 +156,7 @@ func TestPublishFlood(t *testing.T) {
 // createItemsRaw asks for n monitored items of CurrentTime (sampled every
 // second, queue size 1) in one CreateMonitoredItems call and returns the
 // service result and the count of each item result.
-func createItemsRaw(t *testing.T, c *uatest.Conn, sub uint32, n int) (ua.StatusCode, map[ua.StatusCode]int) {
+func createItemsRaw(t *testing.T, c *uawire.Conn, sub uint32, n int) (ua.StatusCode, map[ua.StatusCode]int) {
 	t.Helper()
 	items := make([]*ua.MonitoredItemCreateRequest, n)
 	for i := range items {
@@ -182,7 +182,7 @@ func createItemsRaw(t *testing.T, c *uatest.Conn, sub uint32, n int) (ua.StatusC
 }
 
 // readUint32 reads a UInt32 node of namespace 0 on c.
-func readUint32(t *testing.T, c *uatest.Conn, node uint32) uint32 {
+func readUint32(t *testing.T, c *uawire.Conn, node uint32) uint32 {
 	t.Helper()
 	r, err := c.Call(&ua.ReadRequest{TimestampsToReturn: ua.TimestampsToReturnNeither, NodesToRead: []*ua.ReadValueID{
 		{NodeID: ua.NewNumericNodeID(0, node), AttributeID: ua.AttributeIDValue, DataEncoding: &ua.QualifiedName{}}}})

@@ -11,7 +11,7 @@ import (
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
 
-	"github.com/opcua-chaos/opcua-chaos/server/internal/uatest"
+	"github.com/opcua-chaos/opcua-chaos/server/uawire"
 )
 
 // fuzzSeeds are valid encoded requests of every service the server serves
@@ -62,7 +62,7 @@ func fuzzSeeds(t testing.TB) [][]byte {
 // session, kept across fuzz inputs.
 type fuzzTarget struct {
 	ts     *testServer
-	c      *uatest.Conn
+	c      *uawire.Conn
 	execs  int
 	panics int64
 }
@@ -84,7 +84,7 @@ func (ft *fuzzTarget) connect(t *testing.T) {
 	if ft.c != nil {
 		ft.c.Close()
 	}
-	c, err := uatest.Dial(ft.ts.addr, uacp.Hello{})
+	c, err := uawire.Dial(ft.ts.addr, uacp.Hello{})
 	if err == nil {
 		err = c.Open()
 	}
@@ -117,7 +117,7 @@ func (ft *fuzzTarget) prepare(body []byte) []byte {
 				err = errors.New("encode panicked")
 			}
 		}()
-		return uatest.EncodeService(req)
+		return uawire.EncodeService(req)
 	}()
 	if err != nil {
 		return body
@@ -148,7 +148,7 @@ func (ft *fuzzTarget) exec(t *testing.T, body []byte) {
 	}
 	for {
 		r, err := ft.c.Receive()
-		var em *uatest.ErrorMessage
+		var em *uawire.ErrorMessage
 		switch {
 		case errors.As(err, &em) && (em.Code == ua.StatusBadRequestTooLarge || em.Code == ua.StatusBadTCPMessageTooLarge):
 			ft.c = nil // a body above the limits: the channel is closed by design

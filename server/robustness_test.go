@@ -25,7 +25,7 @@ import (
 	"github.com/gopcua/opcua/uacp"
 
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
-	"github.com/opcua-chaos/opcua-chaos/server/internal/uatest"
+	"github.com/opcua-chaos/opcua-chaos/server/uawire"
 )
 
 // Regression tests of issue 14 (hostile and malformed traffic), over the
@@ -91,9 +91,9 @@ func (ts *testServer) stop(limit time.Duration) (time.Duration, error) {
 }
 
 // rawChannel dials the server with a raw client and opens a secure channel.
-func rawChannel(t testing.TB, addr string, hel uacp.Hello) *uatest.Conn {
+func rawChannel(t testing.TB, addr string, hel uacp.Hello) *uawire.Conn {
 	t.Helper()
-	c, err := uatest.Dial(addr, hel)
+	c, err := uawire.Dial(addr, hel)
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
@@ -118,7 +118,7 @@ func rawHeader(handle uint32) *ua.RequestHeader {
 
 func encodeService(t testing.TB, v any) []byte {
 	t.Helper()
-	b, err := uatest.EncodeService(v)
+	b, err := uawire.EncodeService(v)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +334,7 @@ func TestIssue14IntermediateChunkFlood(t *testing.T) {
 	}
 	peak := heapInuse()
 	_, _, _, err := c.ReadFrame()
-	var em *uatest.ErrorMessage
+	var em *uawire.ErrorMessage
 	if !errors.As(err, &em) || em.Code != ua.StatusBadTCPMessageTooLarge {
 		t.Fatalf("after %d chunks (write error %v): got %v, want ERR BadTcpMessageTooLarge", sent, werr, err)
 	}
@@ -375,7 +375,7 @@ func TestIssue14RequestTooLarge(t *testing.T) {
 		}
 	}
 	_, _, _, err = c.ReadFrame()
-	var em *uatest.ErrorMessage
+	var em *uawire.ErrorMessage
 	if !errors.As(err, &em) || em.Code != ua.StatusBadRequestTooLarge {
 		t.Fatalf("got %v, want ERR BadRequestTooLarge", err)
 	}
@@ -631,14 +631,14 @@ func TestConnectionLimit(t *testing.T) {
 		idle = append(idle, c)
 	}
 	waitFor(t, "two connections", func() bool { return ts.openConns.Load() == 2 })
-	_, err := uatest.Dial(ts.addr, uacp.Hello{})
-	var em *uatest.ErrorMessage
+	_, err := uawire.Dial(ts.addr, uacp.Hello{})
+	var em *uawire.ErrorMessage
 	if !errors.As(err, &em) || em.Code != ua.StatusBadMaxConnectionsReached {
 		t.Fatalf("third connection: %v, want ERR BadMaxConnectionsReached", err)
 	}
 	idle[0].Close()
 	waitFor(t, "a free slot", func() bool { return ts.openConns.Load() == 1 })
-	c, err := uatest.Dial(ts.addr, uacp.Hello{})
+	c, err := uawire.Dial(ts.addr, uacp.Hello{})
 	if err != nil {
 		t.Fatalf("after closing one: %v", err)
 	}
@@ -657,7 +657,7 @@ func TestHandshakeTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	hello, err := uatest.Dial(ts.addr, uacp.Hello{})
+	hello, err := uawire.Dial(ts.addr, uacp.Hello{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -757,7 +757,7 @@ func TestPanicInWorkerClosesOnlyItsChannel(t *testing.T) {
 		t.Fatalf("answer %v %v, want BadInternalError", r, err)
 	}
 	_, _, _, err = c.ReadFrame()
-	var em *uatest.ErrorMessage
+	var em *uawire.ErrorMessage
 	if !errors.As(err, &em) || em.Code != ua.StatusBadInternalError {
 		t.Errorf("then %v, want ERR BadInternalError", err)
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/gopcua/opcua/uacp"
 	"github.com/gopcua/opcua/uapolicy"
 
-	"github.com/opcua-chaos/opcua-chaos/server/internal/uatest"
+	"github.com/opcua-chaos/opcua-chaos/server/uawire"
 )
 
 // credentials returns an RSA-2048 key and a self-signed certificate.
@@ -42,7 +42,7 @@ func credentials(t *testing.T) (*rsa.PrivateKey, []byte) {
 
 // rawSecure is a byte-level client of a secured channel.
 type rawSecure struct {
-	c                *uatest.Conn
+	c                *uawire.Conn
 	policy           string
 	mode             ua.MessageSecurityMode
 	key              *rsa.PrivateKey
@@ -92,7 +92,7 @@ func (r *rawSecure) sendOpen(t *testing.T, kind ua.SecurityTokenRequestType, mod
 	}
 	nonce := make([]byte, 32)
 	_, _ = rand.Read(nonce)
-	payload, err := uatest.EncodeService(&ua.OpenSecureChannelRequest{
+	payload, err := uawire.EncodeService(&ua.OpenSecureChannelRequest{
 		RequestHeader: &ua.RequestHeader{AuthenticationToken: ua.NewTwoByteNodeID(0), Timestamp: time.Now(), AdditionalHeader: ua.NewExtensionObject(nil)},
 		RequestType:   kind, SecurityMode: mode, ClientNonce: nonce, RequestedLifetime: 60000,
 	})
@@ -151,7 +151,7 @@ func (r *rawSecure) readOpen(t *testing.T, nonce []byte) {
 // the next one).
 func (r *rawSecure) sendMsg(t *testing.T, req ua.Request, seq uint32) {
 	t.Helper()
-	payload, err := uatest.EncodeService(req)
+	payload, err := uawire.EncodeService(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +311,7 @@ func TestSecuredProtocolErrors(t *testing.T) {
 			if err := <-errc; !errors.As(err, &pe) || pe.Code != tc.want {
 				t.Fatalf("Receive: %v, want %v", err, tc.want)
 			}
-			var em *uatest.ErrorMessage
+			var em *uawire.ErrorMessage
 			if _, _, _, err := c.c.ReadFrame(); !errors.As(err, &em) || em.Code != tc.want {
 				t.Errorf("got %v, want ERR %v", err, tc.want)
 			}

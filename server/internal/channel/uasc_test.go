@@ -16,14 +16,14 @@ import (
 	"github.com/gopcua/opcua/uacp"
 
 	"github.com/opcua-chaos/opcua-chaos/server/internal/uabin"
-	"github.com/opcua-chaos/opcua-chaos/server/internal/uatest"
+	"github.com/opcua-chaos/opcua-chaos/server/uawire"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // pair accepts one connection with cfg and dials it with hel; the
 // transport's Receive runs in the test.
-func pair(t *testing.T, cfg Config, hel uacp.Hello) (*SecureTransport, *uatest.Conn) {
+func pair(t *testing.T, cfg Config, hel uacp.Hello) (*SecureTransport, *uawire.Conn) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -45,7 +45,7 @@ func pair(t *testing.T, cfg Config, hel uacp.Hello) (*SecureTransport, *uatest.C
 		st, err := Accept(c, cfg)
 		res <- result{st, err}
 	}()
-	c, err := uatest.Dial(l.Addr().String(), hel)
+	c, err := uawire.Dial(l.Addr().String(), hel)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func pair(t *testing.T, cfg Config, hel uacp.Hello) (*SecureTransport, *uatest.C
 
 // open runs the client's OpenSecureChannel against st, which serves it in
 // Receive and then returns the client's first request.
-func open(t *testing.T, st *SecureTransport, c *uatest.Conn) {
+func open(t *testing.T, st *SecureTransport, c *uawire.Conn) {
 	t.Helper()
 	msgc := make(chan Message, 1)
 	go func() {
@@ -142,28 +142,28 @@ func TestSendResponseTooLarge(t *testing.T) {
 func TestProtocolErrors(t *testing.T) {
 	for name, tc := range map[string]struct {
 		open bool
-		send func(c *uatest.Conn) error
+		send func(c *uawire.Conn) error
 		want ua.StatusCode
 	}{
-		"MSG before OPN": {false, func(c *uatest.Conn) error { return c.Chunk('F', 1, []byte{1, 2}) }, ua.StatusBadTCPSecureChannelUnknown},
-		"unknown token": {true, func(c *uatest.Conn) error {
+		"MSG before OPN": {false, func(c *uawire.Conn) error { return c.Chunk('F', 1, []byte{1, 2}) }, ua.StatusBadTCPSecureChannelUnknown},
+		"unknown token": {true, func(c *uawire.Conn) error {
 			c.TokenID++
 			return c.Chunk('F', 1, []byte{1, 2})
 		}, ua.StatusBadSecureChannelTokenUnknown},
-		"unknown channel": {true, func(c *uatest.Conn) error {
+		"unknown channel": {true, func(c *uawire.Conn) error {
 			c.ChannelID++
 			return c.Chunk('F', 1, []byte{1, 2})
 		}, ua.StatusBadTCPSecureChannelUnknown},
-		"message type": {true, func(c *uatest.Conn) error {
-			_, err := c.Write(uatest.Frame("XYZ", 'F', make([]byte, 16)))
+		"message type": {true, func(c *uawire.Conn) error {
+			_, err := c.Write(uawire.Frame("XYZ", 'F', make([]byte, 16)))
 			return err
 		}, ua.StatusBadTCPMessageTypeInvalid},
-		"chunk larger than the buffer": {true, func(c *uatest.Conn) error {
+		"chunk larger than the buffer": {true, func(c *uawire.Conn) error {
 			_, err := c.Write(binary.LittleEndian.AppendUint32([]byte("MSGF"), 70000))
 			return err
 		}, ua.StatusBadTCPMessageTooLarge},
-		"no sequence header": {true, func(c *uatest.Conn) error {
-			_, err := c.Write(uatest.Frame("MSG", 'F', make([]byte, 10)))
+		"no sequence header": {true, func(c *uawire.Conn) error {
+			_, err := c.Write(uawire.Frame("MSG", 'F', make([]byte, 10)))
 			return err
 		}, ua.StatusBadDecodingError},
 	} {
@@ -181,7 +181,7 @@ func TestProtocolErrors(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, _, _, err := c.ReadFrame()
-			var em *uatest.ErrorMessage
+			var em *uawire.ErrorMessage
 			if !errors.As(err, &em) || em.Code != tc.want {
 				t.Fatalf("got %v, want ERR %v", err, tc.want)
 			}
@@ -256,8 +256,8 @@ func TestHelloRejected(t *testing.T) {
 			_, _ = Accept(c, Config{Logger: quiet})
 		}
 	}()
-	_, err = uatest.Dial(l.Addr().String(), uacp.Hello{ReceiveBufSize: 1024, SendBufSize: 1024})
-	var em *uatest.ErrorMessage
+	_, err = uawire.Dial(l.Addr().String(), uacp.Hello{ReceiveBufSize: 1024, SendBufSize: 1024})
+	var em *uawire.ErrorMessage
 	if !errors.As(err, &em) || em.Code != ua.StatusBadConnectionRejected {
 		t.Fatalf("got %v, want ERR BadConnectionRejected", err)
 	}
@@ -266,7 +266,7 @@ func TestHelloRejected(t *testing.T) {
 // negativeVariantLength is a WriteRequest body whose Variant claims -2
 // elements (issue 14).
 func negativeVariantLength(t *testing.T) []byte {
-	b, err := uatest.EncodeService(&ua.WriteRequest{
+	b, err := uawire.EncodeService(&ua.WriteRequest{
 		RequestHeader: &ua.RequestHeader{AuthenticationToken: ua.NewTwoByteNodeID(0), RequestHandle: 77, AdditionalHeader: ua.NewExtensionObject(nil)},
 		NodesToWrite: []*ua.WriteValue{{NodeID: ua.NewNumericNodeID(0, id.Server), AttributeID: ua.AttributeIDValue,
 			Value: &ua.DataValue{EncodingMask: ua.DataValueValue, Value: ua.MustVariant([]int32{0x5a5a5a5a})}}},
