@@ -89,16 +89,9 @@ func (s *Server) retainMemory(ctx context.Context) {
 	}
 	r := retainer{peak: runtimeHeld(samples)}
 	defer r.b.resize(0)
-	t := time.NewTicker(retainEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, retainEvery, func(time.Time) {
 		if before, after := r.step(runtimeHeld(samples)); after != before && (after == 0 || before == 0) {
 			s.log.Info("retained freed memory (quirk retain-freed-memory)", "ballast_mib", after>>20, "peak_mib", r.peak>>20)
 		}
-	}
+	})
 }

@@ -459,15 +459,8 @@ const (
 // of MB that 20 000 items and the requests that created them took stay in
 // the process for minutes after their deletion.
 func (s *Server) returnMemory(ctx context.Context) {
-	t := time.NewTicker(memoryCheckEvery)
-	defer t.Stop()
 	var last int64
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, memoryCheckEvery, func(time.Time) {
 		deleted := s.subs.Stats().ItemsDeleted
 		if deleted-last >= memoryBurstItems {
 			start := time.Now()
@@ -475,21 +468,29 @@ func (s *Server) returnMemory(ctx context.Context) {
 			s.log.Info("returned memory to the OS after deleted monitored items", "deleted", deleted-last, "took", time.Since(start))
 			last = deleted
 		}
-	}
+	})
 }
 
 // expireSessions closes sessions that outlived their timeout.
 func (s *Server) expireSessions(ctx context.Context) {
-	t := time.NewTicker(s.sessions.SweepInterval())
+	every(ctx, s.sessions.SweepInterval(), func(now time.Time) {
+		for _, sess := range s.sessions.Expire(now) {
+			s.log.Info("session timed out", "session", sess.ID.String(), "name", sess.Name, "timeout", sess.Timeout)
+		}
+	})
+}
+
+// every calls f with the tick's time every period until ctx ends: the
+// server's background sweeps.
+func every(ctx context.Context, period time.Duration, f func(now time.Time)) {
+	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			for _, sess := range s.sessions.Expire(now) {
-				s.log.Info("session timed out", "session", sess.ID.String(), "name", sess.Name, "timeout", sess.Timeout)
-			}
+			f(now)
 		}
 	}
 }
