@@ -48,7 +48,8 @@ func (id identity) apply(cfg *reconnect.Config) {
 // every session); else anonymous over None with a reason to skip the
 // transfer (noTransferIdentity). It is an error when the client
 // certificate cannot be made. It runs in the spec, before the scenario:
-// a secured mode the target does not offer skips the spec (h.Security).
+// a secured mode the target does not offer is a *scenario.Lacking error,
+// which skips the scenario (h.Security).
 func transferAs(cond toxics.Condition) (identity, error) {
 	if cond.SecurityMode() != toxics.SecurityNone {
 		sec, err := h.Security(cond)
