@@ -152,9 +152,16 @@ func timestampsStatus(ts ua.TimestampsToReturn) ua.StatusCode {
 	return ua.StatusOK
 }
 
-// eachSubLocked applies do to each subscription of ids and returns the
-// operation results: BadSubscriptionIdInvalid for an id of none. s.mu held.
-func (s *Session) eachSubLocked(ids []uint32, do func(sub *Subscription)) []ua.StatusCode {
+// onSubs serves a request on the subscriptions ids: more operations than
+// the server allows fault it; otherwise, with s.mu held, do runs on each
+// subscription of ids and respond answers with the operation results
+// (BadSubscriptionIdInvalid for an id of none).
+func (s *Session) onSubs(r ua.Request, ids []uint32, do func(sub *Subscription), respond func(results []ua.StatusCode) ua.Response) ua.Response {
+	if st := s.m.opsStatus(len(ids)); st != ua.StatusOK {
+		return s.m.Fault(r, st)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	results := make([]ua.StatusCode, len(ids))
 	for i, id := range ids {
 		sub := s.subs[id]
@@ -164,7 +171,7 @@ func (s *Session) eachSubLocked(ids []uint32, do func(sub *Subscription)) []ua.S
 		}
 		do(sub)
 	}
-	return results
+	return respond(results)
 }
 
 // close deletes every subscription and answers the queued Publish requests
@@ -268,15 +275,10 @@ func (s *Session) ModifySubscription(r *ua.ModifySubscriptionRequest) ua.Respons
 
 // DeleteSubscriptions serves the DeleteSubscriptions service.
 func (s *Session) DeleteSubscriptions(r *ua.DeleteSubscriptionsRequest) ua.Response {
-	m := s.m
-	if st := m.opsStatus(len(r.SubscriptionIDs)); st != ua.StatusOK {
-		return m.Fault(r, st)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	results := s.eachSubLocked(r.SubscriptionIDs, s.deleteLocked)
-	s.noSubscriptionsLocked()
-	return &ua.DeleteSubscriptionsResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
+	return s.onSubs(r, r.SubscriptionIDs, s.deleteLocked, func(results []ua.StatusCode) ua.Response {
+		s.noSubscriptionsLocked()
+		return &ua.DeleteSubscriptionsResponse{ResponseHeader: s.m.header(r, ua.StatusOK), Results: results}
+	})
 }
 
 // releaseItemsLocked stops sampling the items, releases them and takes them
@@ -325,14 +327,9 @@ func (s *Session) noSubscriptionsLocked() {
 
 // SetPublishingMode serves the SetPublishingMode service.
 func (s *Session) SetPublishingMode(r *ua.SetPublishingModeRequest) ua.Response {
-	m := s.m
-	if st := m.opsStatus(len(r.SubscriptionIDs)); st != ua.StatusOK {
-		return m.Fault(r, st)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	results := s.eachSubLocked(r.SubscriptionIDs, func(sub *Subscription) { sub.enabled = r.PublishingEnabled })
-	return &ua.SetPublishingModeResponse{ResponseHeader: m.header(r, ua.StatusOK), Results: results}
+	return s.onSubs(r, r.SubscriptionIDs, func(sub *Subscription) { sub.enabled = r.PublishingEnabled }, func(results []ua.StatusCode) ua.Response {
+		return &ua.SetPublishingModeResponse{ResponseHeader: s.m.header(r, ua.StatusOK), Results: results}
+	})
 }
 
 // ---- monitored items ----
