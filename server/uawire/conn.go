@@ -73,18 +73,27 @@ func (c *Conn) hello(hel uacp.Hello) error {
 	if err != nil {
 		return err
 	}
-	if _, err := c.Write(b); err != nil {
-		return err
-	}
-	typ, _, body, err := c.ReadFrame()
+	_, body, err := c.exchange(b, TypeAcknowledge)
 	if err != nil {
 		return err
 	}
-	if typ != TypeAcknowledge {
-		return fmt.Errorf("uawire: handshake: got %s", typ)
-	}
 	_, err = c.Ack.Decode(body)
 	return err
+}
+
+// exchange writes b and reads the answer, a frame of type want.
+func (c *Conn) exchange(b []byte, want string) (chunk byte, body []byte, err error) {
+	if _, err := c.Write(b); err != nil {
+		return 0, nil, err
+	}
+	typ, chunk, body, err := c.ReadFrame()
+	if err != nil {
+		return 0, nil, err
+	}
+	if typ != want {
+		return 0, nil, fmt.Errorf("uawire: %s answered with %s", b[:3], typ)
+	}
+	return chunk, body, nil
 }
 
 // ReadFrame reads one frame (see package function ReadFrame). An ERR
@@ -161,17 +170,11 @@ func (c *Conn) openSecureChannel(kind ua.SecurityTokenRequestType) error {
 	if err != nil {
 		return err
 	}
-	if _, err := c.Write(b); err != nil {
-		return err
-	}
-	typ, chunk, body, err := c.ReadFrame()
+	chunk, body, err := c.exchange(b, TypeOpen)
 	if err != nil {
 		return err
 	}
-	if typ != TypeOpen {
-		return fmt.Errorf("uawire: OpenSecureChannel answered with %s", typ)
-	}
-	ch, err := ParseBody(typ, chunk, body)
+	ch, err := ParseBody(TypeOpen, chunk, body)
 	if err != nil {
 		return err
 	}

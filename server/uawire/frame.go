@@ -132,13 +132,8 @@ type Chunk struct {
 	Body []byte
 }
 
-// message type words, little endian "MSG", "OPN", "CLO", "ERR"
-const (
-	wordMSG = uint32('M') | uint32('S')<<8 | uint32('G')<<16
-	wordOPN = uint32('O') | uint32('P')<<8 | uint32('N')<<16
-	wordCLO = uint32('C') | uint32('L')<<8 | uint32('O')<<16
-	wordERR = uint32('E') | uint32('R')<<8 | uint32('R')<<16
-)
+// chunkTypes are the message types a chunk of a secure channel has.
+var chunkTypes = [...]string{TypeMessage, TypeOpen, TypeClose, TypeError}
 
 // ParseChunk parses the chunk at the start of b. It returns n = 0 and no
 // error if b does not hold a complete chunk yet; max bounds the chunk size.
@@ -157,16 +152,13 @@ func ParseChunk(b []byte, max int) (c Chunk, n int, err error) {
 		return c, 0, nil
 	}
 	m := b[:size]
-	switch binary.LittleEndian.Uint32(m) & 0xFFFFFF {
-	case wordMSG:
-		c.Type = TypeMessage
-	case wordCLO:
-		c.Type = TypeClose
-	case wordOPN:
-		c.Type = TypeOpen
-	case wordERR:
-		c.Type = TypeError
-	default:
+	for _, t := range chunkTypes {
+		if string(m[:3]) == t {
+			c.Type = t // no allocation: the constant
+			break
+		}
+	}
+	if c.Type == "" {
 		return c, 0, fmt.Errorf("%w: message type %q", ErrMalformed, m[:3])
 	}
 	c, err = ParseBody(c.Type, m[3], m[HeaderSize:])
