@@ -35,6 +35,8 @@ type Conn struct {
 	Sequence
 
 	handle uint32
+	// parts holds the chunks of responses still incomplete.
+	parts Assembler
 }
 
 // NewConn returns a Conn over nc that has sent nothing yet.
@@ -252,7 +254,6 @@ func (r *Response) Status() ua.StatusCode { return ServiceResult(r.Value) }
 
 // Receive reads chunks until a response is complete.
 func (c *Conn) Receive() (*Response, error) {
-	var data []byte
 	var sizes []int
 	for {
 		typ, chunk, body, err := c.ReadFrame()
@@ -267,12 +268,13 @@ func (c *Conn) Receive() (*Response, error) {
 			return nil, err
 		}
 		sizes = append(sizes, len(body)+HeaderSize)
-		data = append(data, ch.Body...)
-		switch chunk {
-		case ChunkIntermediate:
-			continue
-		case ChunkAbort:
+		if chunk == ChunkAbort {
+			c.parts.Drop(ch.RequestID)
 			return nil, errors.New("uawire: response aborted")
+		}
+		data, complete, _ := c.parts.Add(ch)
+		if !complete {
+			continue
 		}
 		v, err := DecodeService(data)
 		if err != nil {

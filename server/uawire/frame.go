@@ -260,3 +260,54 @@ type ErrorMessage struct {
 func (e *ErrorMessage) Error() string {
 	return fmt.Sprintf("uawire: ERR %v: %s", e.Code, e.Reason)
 }
+
+// Assembler reassembles the messages of a channel from their chunks, by
+// request id, within bounds. Its zero value has no bounds; it allocates
+// nothing for single-chunk messages. It is not safe for concurrent use.
+type Assembler struct {
+	// MaxSize bounds the body of one message, MaxChunks its intermediate
+	// chunks (0: no bound).
+	MaxSize, MaxChunks int
+
+	parts  map[uint32][]byte
+	chunks map[uint32]int
+}
+
+// Add takes a MSG or CLO chunk that is not an abort. For an intermediate
+// chunk it keeps the body and returns complete false; for a final chunk
+// it returns the message's whole body (c.Body itself if the message has
+// one chunk). A message beyond the bounds is dropped with an error
+// wrapping ua.StatusBadResponseTooLarge.
+func (a *Assembler) Add(c Chunk) (body []byte, complete bool, err error) {
+	id := c.RequestID
+	if c.ChunkType == ChunkIntermediate {
+		if a.parts == nil {
+			a.parts, a.chunks = map[uint32][]byte{}, map[uint32]int{}
+		}
+		a.parts[id] = append(a.parts[id], c.Body...)
+		a.chunks[id]++
+		if a.over(len(a.parts[id])) || (a.MaxChunks > 0 && a.chunks[id] > a.MaxChunks) {
+			a.Drop(id)
+			return nil, false, fmt.Errorf("response to request %d: %w", id, ua.StatusBadResponseTooLarge)
+		}
+		return nil, false, nil
+	}
+	p, ok := a.parts[id]
+	if !ok {
+		return c.Body, true, nil
+	}
+	a.Drop(id)
+	body = append(p, c.Body...)
+	if a.over(len(body)) {
+		return nil, true, fmt.Errorf("response to request %d: %w", id, ua.StatusBadResponseTooLarge)
+	}
+	return body, true, nil
+}
+
+func (a *Assembler) over(size int) bool { return a.MaxSize > 0 && size > a.MaxSize }
+
+// Drop forgets the chunks of request id (e.g. on an abort chunk).
+func (a *Assembler) Drop(id uint32) {
+	delete(a.parts, id)
+	delete(a.chunks, id)
+}
