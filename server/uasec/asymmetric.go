@@ -95,6 +95,21 @@ type Asymmetric struct {
 	localKeyLen int
 }
 
+// CertificateKey returns the RSA public key of a DER certificate; whose
+// names the certificate in the errors ("server certificate has a
+// *ecdsa.PublicKey key, want RSA").
+func CertificateKey(der []byte, whose string) (*rsa.PublicKey, error) {
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", whose, err)
+	}
+	pub, ok := c.PublicKey.(*rsa.PublicKey)
+	if !ok {
+		return nil, fmt.Errorf("%s has a %T key, want RSA", whose, c.PublicKey)
+	}
+	return pub, nil
+}
+
 // NewAsymmetric returns the asymmetric security of a channel end. localKey
 // and localCert are this end's; remoteCert is the peer's certificate (DER):
 // on a client the server certificate from the endpoint, on a server the
@@ -119,13 +134,9 @@ func NewAsymmetric(policyURI string, mode ua.MessageSecurityMode, localKey *rsa.
 	if localKey == nil || len(localCert) == 0 || len(remoteCert) == 0 {
 		return nil, fmt.Errorf("new asymmetric security: %s needs a local key, a local and a remote certificate: %w", policyURI, ErrCertificate)
 	}
-	remote, err := x509.ParseCertificate(remoteCert)
+	remoteKey, err := CertificateKey(remoteCert, "remote certificate")
 	if err != nil {
-		return nil, fmt.Errorf("new asymmetric security: remote certificate: %v: %w", err, ErrCertificate)
-	}
-	remoteKey, ok := remote.PublicKey.(*rsa.PublicKey)
-	if !ok {
-		return nil, fmt.Errorf("new asymmetric security: remote certificate has a %T key: %w", remote.PublicKey, ErrCertificate)
+		return nil, fmt.Errorf("new asymmetric security: %v: %w", err, ErrCertificate)
 	}
 	a.algo, err = uapolicy.Asymmetric(policyURI, localKey, remoteKey)
 	if err != nil {

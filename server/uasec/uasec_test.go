@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"math/big"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -522,5 +523,16 @@ func BenchmarkSealOpen(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+func TestCertificateKey(t *testing.T) {
+	kp := testKey(t, "client", 2048)
+	pub, err := CertificateKey(kp.cert, "client certificate")
+	if err != nil || !pub.Equal(&kp.key.PublicKey) {
+		t.Fatalf("CertificateKey = %v, %v; want the certificate's key", pub, err)
+	}
+	if _, err := CertificateKey([]byte("not DER"), "client certificate"); err == nil || !strings.HasPrefix(err.Error(), "client certificate: ") {
+		t.Errorf("CertificateKey of no certificate: %v, want an error naming the client certificate", err)
 	}
 }

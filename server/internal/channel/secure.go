@@ -3,7 +3,6 @@ package channel
 import (
 	"bytes"
 	"crypto/rsa"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"sync"
@@ -84,13 +83,9 @@ func (s *secState) encrypt() bool { return s.mode == ua.MessageSecurityModeSignA
 // clientKey checks a client certificate: well-formed X.509 with an RSA key
 // of an allowed size.
 func clientKey(der []byte) (*rsa.PublicKey, error) {
-	c, err := x509.ParseCertificate(der)
+	pub, err := uasec.CertificateKey(der, "client certificate")
 	if err != nil {
-		return nil, fmt.Errorf("parse client certificate: %w", err)
-	}
-	pub, ok := c.PublicKey.(*rsa.PublicKey)
-	if !ok {
-		return nil, fmt.Errorf("client certificate key is %T, not RSA", c.PublicKey)
+		return nil, err
 	}
 	if bits := pub.N.BitLen(); bits < minRSABits || bits > maxRSABits {
 		return nil, fmt.Errorf("client certificate key of %d bits, want %d to %d", bits, minRSABits, maxRSABits)
