@@ -132,16 +132,12 @@ func (c *Conn) Body(req ua.Request) ([]byte, error) {
 }
 
 // OpenFrame returns an OpenSecureChannel request of kind (Issue or Renew)
-// for a token of lifetime ms, as an OPN chunk of the current channel, and
+// for a token of lifetime, as an OPN chunk of the current channel, and
 // its request id.
-func (c *Conn) OpenFrame(kind ua.SecurityTokenRequestType, lifetime uint32) ([]byte, uint32, error) {
-	body, err := EncodeService(&ua.OpenSecureChannelRequest{
-		RequestHeader:     c.Header(nil),
-		RequestType:       kind,
-		SecurityMode:      ua.MessageSecurityModeNone,
-		ClientNonce:       []byte{},
-		RequestedLifetime: lifetime,
-	})
+func (c *Conn) OpenFrame(kind ua.SecurityTokenRequestType, lifetime time.Duration) ([]byte, uint32, error) {
+	req := NewOpenRequest(kind, ua.MessageSecurityModeNone, []byte{}, lifetime)
+	req.RequestHeader = c.Header(nil)
+	body, err := EncodeService(req)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -168,7 +164,7 @@ func (c *Conn) Open() error { return c.openSecureChannel(ua.SecurityTokenRequest
 func (c *Conn) Renew() error { return c.openSecureChannel(ua.SecurityTokenRequestTypeRenew) }
 
 func (c *Conn) openSecureChannel(kind ua.SecurityTokenRequestType) error {
-	b, _, err := c.OpenFrame(kind, 3_600_000)
+	b, _, err := c.OpenFrame(kind, time.Hour)
 	if err != nil {
 		return err
 	}

@@ -67,6 +67,18 @@ func NewRequestHeader(token *ua.NodeID, handle uint32) *ua.RequestHeader {
 	}
 }
 
+// NewOpenRequest returns an OpenSecureChannel request of kind (Issue or
+// Renew) in security mode mode with the client nonce (empty, not nil,
+// under None) for a token of lifetime.
+func NewOpenRequest(kind ua.SecurityTokenRequestType, mode ua.MessageSecurityMode, nonce []byte, lifetime time.Duration) *ua.OpenSecureChannelRequest {
+	return &ua.OpenSecureChannelRequest{
+		RequestType:       kind,
+		SecurityMode:      mode,
+		ClientNonce:       nonce,
+		RequestedLifetime: uint32(lifetime / time.Millisecond),
+	}
+}
+
 // EncodeService encodes a service structure with its four-byte type id
 // (the body of a MSG message).
 func EncodeService(v any) ([]byte, error) {
