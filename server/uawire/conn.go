@@ -14,7 +14,7 @@ import (
 const (
 	// BufSize is the buffer size a Hello announces by default (gopcua's).
 	BufSize = 0xFFFF
-	// MaxFrame is a Conn's default bound on a frame the server sends.
+	// MaxFrame bounds a frame the server sends to a Conn.
 	MaxFrame = 64 << 20
 )
 
@@ -29,8 +29,6 @@ type Conn struct {
 	ChannelID, TokenID uint32
 	// Token is the authentication token of the session, else nil.
 	Token *ua.NodeID
-	// MaxFrame bounds a frame ReadFrame accepts (0: MaxFrame).
-	MaxFrame int
 	// Sequence numbers the chunks and requests sent.
 	Sequence
 
@@ -98,18 +96,14 @@ func (c *Conn) exchange(b []byte, want string) (chunk byte, body []byte, err err
 	return chunk, body, nil
 }
 
-// ReadFrame reads one frame (see package function ReadFrame). An ERR
-// message is returned with an *ErrorMessage error.
+// ReadFrame reads one frame of at most MaxFrame bytes (see package
+// function ReadFrame). An ERR message is returned with an *ErrorMessage
+// error.
 func (c *Conn) ReadFrame() (typ string, chunk byte, body []byte, err error) {
-	max := c.MaxFrame
-	if max <= 0 {
-		max = MaxFrame
-	}
-	typ, chunk, body, err = ReadFrame(c.Conn, max)
+	typ, chunk, body, err = ReadFrame(c.Conn, MaxFrame)
 	if err == nil && typ == TypeError {
-		var m uacp.Error
-		_, _ = m.Decode(body)
-		err = &ErrorMessage{Code: ua.StatusCode(m.ErrorCode), Reason: m.Reason}
+		code, reason, _ := ParseError(body)
+		err = &ErrorMessage{Code: ua.StatusCode(code), Reason: reason}
 	}
 	return typ, chunk, body, err
 }
