@@ -223,9 +223,9 @@ func stopMonitor(mon *env.Monitor) (*env.UsageSummary, error) {
 
 // Client-side counts the checks read, recorded as readings.
 const (
-	readingSessionsOpened    = "client.sessions_opened"
-	readingAnsweredThrottled = "client.answered_throttled"
-	readingRequestsSent      = "client.requests_sent"
+	readingSessionsOpened    history.ReadingName = "client.sessions_opened"
+	readingAnsweredThrottled history.ReadingName = "client.answered_throttled"
+	readingRequestsSent      history.ReadingName = "client.requests_sent"
 )
 
 // sessionsOpened is the check that every session of the load opened.

@@ -378,7 +378,7 @@ func probe(ctx context.Context, e *env.Env, rec *history.Recorder, reading strin
 			readErr = fmt.Errorf("probe read: %w", err)
 			return
 		}
-		rec.Reading(reading, float64(time.Since(start))/float64(time.Millisecond))
+		rec.Reading(history.ReadingName(reading), float64(time.Since(start))/float64(time.Millisecond))
 	}, gmeasure.SamplingConfig{N: probeReads, Duration: probeFor})
 	if readErr != nil {
 		return 0, readErr
@@ -404,12 +404,12 @@ const (
 	// The server's CurrentSessionCount before the victims, with them
 	// open, and after the storm (read until it returns to the baseline
 	// or sessionsSettle passes).
-	readingSessionsBaseline = "server.sessions.baseline"
-	readingSessionsDuring   = "server.sessions.during"
-	readingSessionsAfter    = "server.sessions.after"
+	readingSessionsBaseline history.ReadingName = "server.sessions.baseline"
+	readingSessionsDuring   history.ReadingName = "server.sessions.during"
+	readingSessionsAfter    history.ReadingName = "server.sessions.after"
 	// The latency in ms of each probe read before and after the storm.
-	readingProbeBefore = "probe.before.latency_ms"
-	readingProbeAfter  = "probe.after.latency_ms"
+	readingProbeBefore history.ReadingName = "probe.before.latency_ms"
+	readingProbeAfter  history.ReadingName = "probe.after.latency_ms"
 )
 
 // sessionsOpened is the check that every session of every phase opened.
@@ -654,7 +654,7 @@ func raceCounted(cond toxics.Condition) []check.Spec {
 // times faster (measured under latency: 110 ops/s then, 14 in the last
 // second before the close, 26 after it), and a baseline that mixes both
 // failed clean runs.
-func raceChecks(cond toxics.Condition, survivorsFrom time.Duration, backlogClose history.Op, dispatched map[string]string) []check.Spec {
+func raceChecks(cond toxics.Condition, survivorsFrom time.Duration, backlogClose history.Op, dispatched map[string]history.ReadingName) []check.Spec {
 	return append([]check.Spec{
 		check.Assume("race-sessions-seen", check.ReadingsConfig{
 			Reading: readingSessionsDuring, Minus: readingSessionsBaseline, Min: check.Bound(1), Required: true,
@@ -722,7 +722,7 @@ func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmea
 	rng := rand.New(rand.NewPCG(uint64(r.Seed), uint64(100+ciIndex(cond))))
 
 	rec.Mark("measuring a probe and the session count before the storm", "")
-	before, err := probe(ctx, e, rec, readingProbeBefore, exp, "probe before")
+	before, err := probe(ctx, e, rec, string(readingProbeBefore), exp, "probe before")
 	if err != nil {
 		return err
 	}
@@ -810,11 +810,11 @@ func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmea
 		return err
 	}
 	closers = append(closers, backlog)
-	var dispatched map[string]string
+	var dispatched map[string]history.ReadingName
 	readDispatched := func(context.Context) error { return nil }
 	if diag != nil {
 		node := "Owner." + backlog.owner + ".Dispatched"
-		dispatched = map[string]string{backlog.name: "diag." + node}
+		dispatched = map[string]history.ReadingName{backlog.name: history.ReadingDiagnostics + history.ReadingName(node)}
 		readDispatched = func(ctx context.Context) error {
 			v, err := uaclient.ReadValue(ctx, diag, ua.NewStringNodeID(1, node))
 			if err != nil {
@@ -902,7 +902,7 @@ func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmea
 	r.Figures["race.sessions.settle_s"] = time.Since(settled).Seconds()
 
 	rec.Mark("measuring the probe after the storm", "")
-	after, err := probe(ctx, e, rec, readingProbeAfter, exp, "probe after")
+	after, err := probe(ctx, e, rec, string(readingProbeAfter), exp, "probe after")
 	if err != nil {
 		return err
 	}

@@ -271,11 +271,11 @@ func assumptions(name string, cond toxics.Condition, sh shape, tl timeline, owne
 	for _, o := range owners {
 		out = append(out,
 			check.AssumeServer(name+"-backlog-"+o, check.ReadingsConfig{
-				Span: tl.judged(), Reading: "diag.Owner." + o + ".Queued", Stat: check.StatMedian, Min: check.Bound(minServerBacklog),
+				Span: tl.judged(), Reading: history.ReadingName("diag.Owner." + o + ".Queued"), Stat: check.StatMedian, Min: check.Bound(minServerBacklog),
 				What: "median requests of owner " + o + " queued at the server",
 			}),
 			check.AssumeServer(name+"-dry-"+o, check.ReadingsConfig{
-				Span: tl.judged(), Reading: "diag.Owner." + o + ".Emptied", Stat: check.StatDelta, Ratio: "diag.Owner." + o + ".Dispatched", Max: check.Bound(maxDryRate),
+				Span: tl.judged(), Reading: history.ReadingName("diag.Owner." + o + ".Emptied"), Stat: check.StatDelta, Ratio: history.ReadingName("diag.Owner." + o + ".Dispatched"), Max: check.Bound(maxDryRate),
 				What: "times owner " + o + "'s queue ran dry at the server per request dispatched",
 			}))
 	}

@@ -39,7 +39,7 @@ const (
 	judged = 5 * time.Second
 	// readingRevisedSampling is the sampling interval the server revised
 	// the requested one to, in milliseconds.
-	readingRevisedSampling = "subscription.revised_sampling_ms"
+	readingRevisedSampling history.ReadingName = "subscription.revised_sampling_ms"
 )
 
 // catches are the reference server's faults both specs are aimed at under

@@ -14,6 +14,7 @@ import (
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/secure"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
@@ -34,41 +35,41 @@ func TestSmoke(t *testing.T) { spec.RunSuite(t, property) }
 // medians in ms.
 const (
 	// readingProxyRead is 1 when ServerStatus was read through the proxy.
-	readingProxyRead = "smoke.proxy_read_ok"
+	readingProxyRead history.ReadingName = "smoke.proxy_read_ok"
 	// readingServerState is the ServerState read through the proxy (0:
 	// Running).
-	readingServerState = "smoke.server_state"
+	readingServerState history.ReadingName = "smoke.server_state"
 	// readingDirectRead is 1 when the server's current time was read on
 	// the direct endpoint.
-	readingDirectRead = "smoke.direct_read_ok"
+	readingDirectRead history.ReadingName = "smoke.direct_read_ok"
 	// readingEndpointMode and readingExpectedMode are the message
 	// security mode (ua.MessageSecurityMode) of the session's endpoint
 	// and the one of the condition's channel security.
-	readingEndpointMode = "smoke.endpoint_mode"
-	readingExpectedMode = "smoke.expected_mode"
+	readingEndpointMode history.ReadingName = "smoke.endpoint_mode"
+	readingExpectedMode history.ReadingName = "smoke.expected_mode"
 	// readingBaseline, readingToxic and readingAfter are the median read
 	// latencies through the proxy before, under and after a 50 ms
 	// downstream latency toxic.
-	readingBaseline = "smoke.baseline_median_ms"
-	readingToxic    = "smoke.toxic_median_ms"
-	readingAfter    = "smoke.after_median_ms"
+	readingBaseline history.ReadingName = "smoke.baseline_median_ms"
+	readingToxic    history.ReadingName = "smoke.toxic_median_ms"
+	readingAfter    history.ReadingName = "smoke.after_median_ms"
 	// readingResetFailed is 1 when a read on the connection under a
 	// reset_peer toxic failed.
-	readingResetFailed = "smoke.reset_read_failed"
+	readingResetFailed history.ReadingName = "smoke.reset_read_failed"
 	// readingNewSession is 1 when a new session opened after the reset
 	// toxic was removed served a read.
-	readingNewSession = "smoke.new_session_served"
+	readingNewSession history.ReadingName = "smoke.new_session_served"
 	// readingUnlimited and readingLimited are the median times of a burst
 	// of CPU-bound reads without and with a 0.25 CPU limit.
-	readingUnlimited = "smoke.unlimited_median_ms"
-	readingLimited   = "smoke.limited_median_ms"
+	readingUnlimited history.ReadingName = "smoke.unlimited_median_ms"
+	readingLimited   history.ReadingName = "smoke.limited_median_ms"
 	// readingNanoCPUs is the server container's CPU limit Docker reports
 	// under the limit.
-	readingNanoCPUs = "smoke.nano_cpus"
+	readingNanoCPUs history.ReadingName = "smoke.nano_cpus"
 )
 
 // flagCheck is the check name that reading, a flag, is 1.
-func flagCheck(name, reading, what string) check.Spec {
+func flagCheck(name string, reading history.ReadingName, what string) check.Spec {
 	return check.Spec{Name: name, Config: check.ReadingsConfig{
 		Reading: reading, Min: check.Bound(1), Required: true, Count: true, What: what,
 	}}
