@@ -456,13 +456,17 @@ func nemesisSoak(runFor time.Duration, profile profiler, log io.Writer) scenario
 func deep(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 	s := scenario.Scenario{
 		Property: property, Name: "deep", Condition: cond,
+		// The backpressure check is named first when it fails: a server
+		// that reads requests it cannot answer yet is refused by its own
+		// memory budget next, and those errors follow from it (channel
+		// faults still lead, check.BlameOrder).
 		Checks: []check.Spec{
+			reportIdle(backpressureCheck("deep-backpressure", deepGrowthMiB, deepRetainedMiB, "")),
 			// Drained rejections count as errors: a server that
 			// pushes back never needs to refuse a pipeline.
 			{Name: "deep-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
 			{Name: "deep-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
 			{Name: "deep-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
-			reportIdle(backpressureCheck("deep-backpressure", deepGrowthMiB, deepRetainedMiB, "")),
 			survival("deep-survival"),
 			sessionsOpened("deep-sessions", deepSessions),
 			scenario.Headroom(float64(cond.NanoCPUs) / 1e9),
