@@ -307,9 +307,9 @@ func TestAuthenticationTokenChecked(t *testing.T) {
 	}
 
 	// Unknown services get a ServiceFault.
-	err = c.Send(context.Background(), &ua.BrowseRequest{View: &ua.ViewDescription{ViewID: ua.NewTwoByteNodeID(0)}}, func(ua.Response) error { return nil })
+	err = c.Send(context.Background(), &ua.BrowseNextRequest{ContinuationPoints: [][]byte{{1}}}, func(ua.Response) error { return nil })
 	if !errors.Is(err, ua.StatusBadServiceUnsupported) {
-		t.Errorf("Browse: err = %v, want BadServiceUnsupported", err)
+		t.Errorf("BrowseNext: err = %v, want BadServiceUnsupported", err)
 	}
 }
 

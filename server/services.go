@@ -46,7 +46,7 @@ func (s *Server) fault(req ua.Request, code ua.StatusCode) ua.Response {
 }
 
 // handle runs on the channel's reader goroutine. Cheap session and discovery
-// services are answered at once; Read goes to the dispatcher.
+// services are answered at once; Read and Browse go to the dispatcher.
 func (s *Server) handle(cn *conn, ch *channel.Channel, msg channel.Message) {
 	s.stats.requests.Add(1)
 	now := time.Now()
@@ -97,7 +97,7 @@ func (s *Server) handle(cn *conn, ch *channel.Channel, msg channel.Message) {
 		resp = s.closeSession(cn, r, now)
 	case *ua.CancelRequest:
 		resp = s.cancel(cn, r, now)
-	case *ua.ReadRequest:
+	case *ua.ReadRequest, *ua.BrowseRequest:
 		sess, code := s.checkSession(cn, hdr, now)
 		if code != ua.StatusOK {
 			resp = s.fault(r, code)
