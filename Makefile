@@ -62,7 +62,7 @@ SUITE_BINS = $$(for d in $(SUITE_DIRS); do echo $$d/$$(basename $$d).test; done)
 # died).
 SUITE_NAMES = $$(for d in $(SUITE_DIRS); do basename $$d; done)
 
-.PHONY: help chaos test fmt-check vet unit fuzz images clean faults recheck merge specificity report $(CHAOS)
+.PHONY: help ab chaos test fmt-check vet unit fuzz images clean faults recheck merge specificity report $(CHAOS)
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -133,6 +133,26 @@ specificity: $(CHAOS) ## N clean runs judged together: false alarms, figure spre
 	$(CHAOS) rounds -title "specificity $(RUN) ($(LABEL_FILTER))" -out $(REPORTS)/specificity-$(RUN) \
 		$(if $(MATRIX),-matrix $(MATRIX)) $$(seq -f '$(REPORTS)/specificity-$(RUN)-%g' 1 $(N)) || rc=1; \
 	exit $$rc
+
+# Paired A/B of two targets (package ab): the same scenarios against
+# BASE and CAND (reference, reference:faults=NAME, gopcua, dotnet,
+# image:IMAGE, external:URL) in ROUNDS alternating rounds, each figure's
+# medians and ranges, better/worse only beyond the noise band. Writes
+# reports/<run>/ab.md, .json and .html. Fails on a regression: a property
+# failing on CAND only, or a figure worse (beyond AB_MAX_WORSE, e.g. 10%
+# or server_cpu_us_per_req=10%,p99_ms=25%).
+BASE         ?= reference
+CAND         ?=
+ROUNDS       ?= 5
+AB_SCENARIOS ?=
+CONDITION    ?=
+AB_DURATION  ?=
+AB_MAX_WORSE ?=
+AB_NOISE     ?=
+ab: $(CHAOS) ## compare two targets in alternating rounds (BASE, CAND, ROUNDS, CONDITION, AB_SCENARIOS, AB_MAX_WORSE)
+	@OPCUA_CHAOS_RUN=ab-$(RUN) BASE='$(BASE)' CAND='$(CAND)' ROUNDS='$(ROUNDS)' AB_SCENARIOS='$(AB_SCENARIOS)' \
+		CONDITION='$(CONDITION)' AB_DURATION='$(AB_DURATION)' AB_MAX_WORSE='$(AB_MAX_WORSE)' AB_NOISE='$(AB_NOISE)' \
+		SEED='$(SEED)' $(CHAOS) ab
 
 # A run spread over machines (ci/github/ci.yml): each shard runs
 # `make chaos` with the same SEED and its own LABEL_FILTER; merge makes one
