@@ -6,6 +6,7 @@
 package toxics
 
 import (
+	"cmp"
 	"fmt"
 	"sort"
 	"strings"
@@ -82,12 +83,7 @@ func (c Condition) WithSecurity(mode string) Condition {
 
 // SecurityMode returns the name of c's message security mode:
 // SecurityNone when c sets none.
-func (c Condition) SecurityMode() string {
-	if c.Security == "" {
-		return SecurityNone
-	}
-	return c.Security
-}
+func (c Condition) SecurityMode() string { return cmp.Or(c.Security, SecurityNone) }
 
 // Base returns the name of c's toxics and CPU limit without its security:
 // "baseline" for "baseline+sign-encrypt", Name for a condition without
