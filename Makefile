@@ -62,7 +62,7 @@ SUITE_BINS = $$(for d in $(SUITE_DIRS); do echo $$d/$$(basename $$d).test; done)
 # died).
 SUITE_NAMES = $$(for d in $(SUITE_DIRS); do basename $$d; done)
 
-.PHONY: help ab chaos test fmt-check vet unit fuzz images clean faults recheck merge specificity report $(CHAOS)
+.PHONY: help ab capacity chaos test fmt-check vet unit fuzz images clean faults recheck merge specificity report $(CHAOS)
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -149,10 +149,23 @@ CONDITION    ?=
 AB_DURATION  ?=
 AB_MAX_WORSE ?=
 AB_NOISE     ?=
+# TREND=reports/trend.jsonl appends the run's figures to the trend file
+# (make ab and make capacity; the nightly's).
+TREND        ?=
 ab: $(CHAOS) ## compare two targets in alternating rounds (BASE, CAND, ROUNDS, CONDITION, AB_SCENARIOS, AB_MAX_WORSE)
 	@OPCUA_CHAOS_RUN=ab-$(RUN) BASE='$(BASE)' CAND='$(CAND)' ROUNDS='$(ROUNDS)' AB_SCENARIOS='$(AB_SCENARIOS)' \
 		CONDITION='$(CONDITION)' AB_DURATION='$(AB_DURATION)' AB_MAX_WORSE='$(AB_MAX_WORSE)' AB_NOISE='$(AB_NOISE)' \
-		SEED='$(SEED)' $(CHAOS) ab
+		SEED='$(SEED)' TREND='$(TREND)' $(CHAOS) ab
+
+# The capacity ladders (package capacity): one dimension at a time
+# (sessions, outstanding, items at 100 Hz, publish), each level a fresh
+# TARGET, until a level breaks an o6 rule. Writes
+# reports/capacity-<run>/capacity.md, .json and .html.
+CAPACITY_DIMENSIONS ?=
+CAPACITY_DURATION   ?=
+capacity: $(CHAOS) ## climb the capacity ladders against TARGET (CAPACITY_DIMENSIONS, CONDITION, CAPACITY_DURATION)
+	@OPCUA_CHAOS_RUN=capacity-$(RUN) CAPACITY_DIMENSIONS='$(CAPACITY_DIMENSIONS)' CONDITION='$(CONDITION)' \
+		CAPACITY_DURATION='$(CAPACITY_DURATION)' SEED='$(SEED)' TREND='$(TREND)' $(CHAOS) capacity
 
 # A run spread over machines (ci/github/ci.yml): each shard runs
 # `make chaos` with the same SEED and its own LABEL_FILTER; merge makes one
