@@ -12,7 +12,12 @@
 # rates, median figures, fault matrix totals), so a slow regression shows
 # across nights. The script
 # fails when any round failed or broke, or the fault matrix did not
-# catch every fault.
+# catch every fault. With AB_BASE set (e.g. image:myserver:1.4, the
+# last release) the night also compares AB_CAND (default reference: this
+# checkout's server; image:IMAGE for yours) against it (make ab,
+# 5 rounds; a regression fails the night) and, with CAPACITY=1, climbs
+# the capacity ladders (make capacity); both append their figures to the
+# trend file.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export CI=true OPCUA_CHAOS_PROFILE=soak
@@ -49,6 +54,15 @@ if [ -n "$matrix" ] && [ "$matrix" != "$before" ]; then
 else
 	echo "nightly: the fault matrix wrote no report"
 	rc=1
+fi
+
+if [ -n "${AB_BASE:-}" ]; then
+	echo "nightly: A/B against $AB_BASE"
+	make ab RUN="$NIGHT" BASE="$AB_BASE" CAND="${AB_CAND:-reference}" TREND=reports/trend.jsonl || { echo "nightly: A/B found a regression (or could not judge)"; rc=1; }
+fi
+if [ "${CAPACITY:-}" = 1 ]; then
+	echo "nightly: capacity"
+	make capacity RUN="$NIGHT" TREND=reports/trend.jsonl || echo "nightly: a capacity ladder ended without a verdict (carrying on)"
 fi
 
 make .bin/chaos >/dev/null
