@@ -55,8 +55,11 @@
 // FindServers, CreateSession, ActivateSession (see Identity; user names and
 // passwords from Config.Users; an activated session moves to another
 // channel only with the same identity, else BadIdentityChangeNotSupported),
-// CloseSession, Cancel, Read and the
-// subscription services (see Subscriptions). Every
+// CloseSession, Cancel, Read, Browse (a static hierarchy from Root i=84
+// to the standard nodes Read serves, and ns=1;s=Nodes, a folder of the
+// server's fixed diagnostic nodes; no continuation points: a node's
+// references are capped at RequestedMaxReferencesPerNode, BrowseNext is
+// unsupported) and the subscription services (see Subscriptions). Every
 // session service checks the authentication token (BadSessionIdInvalid,
 // BadSessionNotActivated, BadSecureChannelIdInvalid when used from another
 // secure channel). Other services get a ServiceFault BadServiceUnsupported.
@@ -183,7 +186,7 @@
 // # Concurrency
 //
 // Session and discovery services are answered on the channel's reader;
-// Read requests go through a weighted fair queue (internal/fairqueue) keyed
+// Read and Browse requests go through a weighted fair queue (internal/fairqueue) keyed
 // by owner (the session's user name, else the peer IP), weights from
 // Config.OwnerWeights, served by a pool of Config.Workers workers. A full
 // queue or owner share answers StatusBadServerTooBusy. Responses are written
