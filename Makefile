@@ -200,6 +200,6 @@ quirks: $(CHAOS) ## prove the suites judge by the specification: no spec fails u
 report: $(CHAOS) ## write the HTML page of a run folder: make report DIR=reports/<run> (default reports/latest)
 	@$(CHAOS) report $(DIR)
 
-recheck: ## re-run the checkers on a saved report: make recheck DIR=reports/<run>/...
+recheck: ## re-run the checkers on a saved report: make recheck DIR=reports/<run>/... (or an A/B or capacity run folder)
 	@test -n "$(DIR)" || { echo "error: make recheck needs DIR=<saved report folder>"; exit 2; }
 	go run ./fixtures/cmd/recheck $(DIR)
