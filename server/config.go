@@ -79,6 +79,12 @@ const (
 	// SlowLeakPerRequest is what the slow-leak fault keeps per served
 	// Read request (64 B).
 	SlowLeakPerRequest = 64
+	// TrickleLeakPerSecond is what the trickle-leak fault keeps per
+	// second of wall time (4 KiB: about 14 MiB/hour).
+	TrickleLeakPerSecond = 4 << 10
+	// TrickleLeakEvery is how often the trickle-leak fault keeps what
+	// the time since the server started owes.
+	TrickleLeakEvery = time.Second
 	// SkipSequenceEvery is the skipped-sequence fault's period: sequence
 	// numbers 50, 100, … are skipped.
 	SkipSequenceEvery = 50

@@ -66,6 +66,8 @@ type Server struct {
 	testHook func(ua.Request)
 
 	leak leak // memory kept by the retain-memory fault
+	// trickle is the memory kept by the trickle-leak fault
+	trickle leak
 
 	// slots bounds the Reads admitted and not yet answered to the number
 	// of workers under the crypto-in-gate fault (see takeSlot); nil
@@ -295,6 +297,9 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	s.wg.Go(func() { s.returnMemory(ctx) })
 	if s.cfg.Quirks.Has(catalog.QuirkRetainFreedMemory) {
 		s.wg.Go(func() { s.retainMemory(ctx) })
+	}
+	if s.cfg.Faults.Has(catalog.FaultTrickleLeak) {
+		s.wg.Go(func() { s.trickleLeak(ctx, TrickleLeakEvery) })
 	}
 
 	err := s.acceptLoop(ctx, l)

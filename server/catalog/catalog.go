@@ -2,6 +2,8 @@
 // data the harness reads without linking the server.
 package catalog
 
+import "time"
+
 // Fault names one deliberate bug the server can switch on (OPCUA_FAULTS), so
 // the suites can show that they catch it.
 type Fault string
@@ -66,6 +68,14 @@ const (
 	// bounds, the kind a soak's trend finds (with allocation overhead
 	// about 300 MiB/min at 32 000 Reads/s).
 	FaultSlowLeak Fault = "slow-leak"
+	// FaultTrickleLeak keeps server.TrickleLeakPerSecond bytes (4 KiB,
+	// written so they are resident) per second of wall time forever,
+	// whatever the load: about 14 MiB/hour, 0.2 MiB over a 1-minute
+	// soak's judged 48 s, a leak under what a short soak can tell from
+	// GC noise and that an hour's soak must find (the trend checker's
+	// per-hour bound). Only soaks of MinSoak(FaultTrickleLeak) or longer
+	// are aimed at it.
+	FaultTrickleLeak Fault = "trickle-leak"
 	// FaultRepublishForgets keeps only the last notification message of a
 	// subscription for Republish: messages lost with a broken connection
 	// are answered BadMessageNotAvailable instead of being sent again.
@@ -165,7 +175,7 @@ var AllFaults = []Fault{
 	FaultFaultOnOverflow, FaultCancelLeak, FaultCancelDouble, FaultSerialDispatch,
 	FaultSamplingDrift, FaultPublishDrop, FaultCrashOnDecode, FaultUnboundedIdle,
 	FaultSamplerSkips, FaultCloseRunsQueued, FaultLostResponse, FaultRetainMemory,
-	FaultSlowLeak,
+	FaultSlowLeak, FaultTrickleLeak,
 	FaultRepublishForgets, FaultNoReactivate, FaultTransferDrops,
 	FaultLateResume, FaultCryptoInGate,
 	FaultPerSessionOwners, FaultCancelTotal, FaultSessionsNeverExpire,
@@ -174,6 +184,21 @@ var AllFaults = []Fault{
 	FaultItemQueuesUnbounded, FaultLongSessionStrings,
 	FaultIdleAfterOpen, FaultSessionsOutliveChannels, FaultUnactivatedRefuse,
 	FaultRSABlocksUnbounded, FaultThrottlePairOnly,
+}
+
+// MinSoak returns the shortest soak (the suites' SOAK setting) in which
+// the specs aimed at f can catch it, or 0 when any run of them can. The
+// fault matrix (`make faults`) skips, with this reason, a fault whose
+// MinSoak exceeds the soak it runs: a 1-minute soak that passes under
+// FaultTrickleLeak proves nothing either way.
+func MinSoak(f Fault) time.Duration {
+	switch f {
+	case FaultTrickleLeak:
+		// 14 MiB/hour: over the 48 judged minutes of an hour's soak
+		// about 11 MiB, above the trend's 2 MiB/hour and 10 % bounds
+		return time.Hour
+	}
+	return 0
 }
 
 // Quirk names one conformant variation the server can switch on
