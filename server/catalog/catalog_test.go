@@ -6,6 +6,7 @@ import (
 	"go/token"
 	"slices"
 	"testing"
+	"time"
 )
 
 // declared lists the names of the constants of type typ declared in
@@ -63,5 +64,18 @@ func TestAllQuirksListsEveryQuirk(t *testing.T) {
 			t.Errorf("quirk %q empty, listed twice or named like a fault", q)
 		}
 		seen[q] = true
+	}
+}
+
+// TestMinSoak: trickle-leak needs an hour's soak; the faults any run
+// catches need none.
+func TestMinSoak(t *testing.T) {
+	if got := MinSoak(FaultTrickleLeak); got != time.Hour {
+		t.Errorf("MinSoak(trickle-leak) = %v, want 1h", got)
+	}
+	for _, f := range []Fault{FaultSlowLeak, FaultRetainMemory, FaultUnweighted} {
+		if got := MinSoak(f); got != 0 {
+			t.Errorf("MinSoak(%s) = %v, want 0", f, got)
+		}
 	}
 }
