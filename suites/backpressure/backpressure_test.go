@@ -636,7 +636,8 @@ func slowReader(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenar
 
 var _ = Describe("Backpressure", spec.Property(property), func() {
 	// catches fault slow-leak (nemesis-trend: a leak)
-	It("serves 10 sessions × 1000 outstanding Reads through a seeded nemesis schedule, exactly once, in bounded memory", Label("soak"), spec.Condition(toxics.Scheduled.Name), spec.Catches(catalog.FaultSlowLeak), func(ctx SpecContext) {
+	// catches fault trickle-leak in a soak of an hour or more (nemesis-trend: a leak per hour; catalog.MinSoak)
+	It("serves 10 sessions × 1000 outstanding Reads through a seeded nemesis schedule, exactly once, in bounded memory", Label("soak"), spec.Condition(toxics.Scheduled.Name), spec.Catches(catalog.FaultSlowLeak, catalog.FaultTrickleLeak), func(ctx SpecContext) {
 		h.Run(ctx, nemesisSoak(spec.SoakFor(), spec.ProfileDriver, GinkgoWriter))
 	}, spec.SoakTimeout(2*time.Minute))
 
