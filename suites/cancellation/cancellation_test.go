@@ -63,6 +63,9 @@ const (
 	burstSessions = 3
 	burstDepth    = 50
 	burstService  = 20 * time.Millisecond
+	// burstFor bounds the burst phase (it ends once its requests are
+	// answered).
+	burstFor = 20 * time.Second
 	// minRatio is the lowest passing throughput ratio (storm/before and
 	// after/before).
 	minRatio = 0.8
@@ -528,6 +531,12 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 	if isReference() {
 		s.Server = referenceStorm
 	}
+	if scheduled {
+		// The storm runs its own schedule (no Scenario.Schedule): its
+		// phases at their longest are the planned length of the
+		// progress lines and the disk guard.
+		s.Planned = 2*phaseFor + stormFor + burstFor
+	}
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
 		rec, e := r.Rec, r.Env
 		rng := rand.New(rand.NewPCG(uint64(r.Seed), stream))
@@ -588,7 +597,7 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 		after := history.Window{Start: tAfter + settle, End: tAfter + phaseFor}
 
 		rec.Mark(fmt.Sprintf("bursting %d × %d requests that fit in the queue", burstSessions, burstDepth), "")
-		tBurst, err := phase("burst", 20*time.Second, load.Sessions(burstSessions, "burst-", load.Session{
+		tBurst, err := phase("burst", burstFor, load.Sessions(burstSessions, "burst-", load.Session{
 			Outstanding: burstDepth, MaxRequests: burstDepth, Requests: []load.Request{load.SlowRead(burstService)},
 		}))
 		if err != nil {

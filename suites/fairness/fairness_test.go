@@ -229,6 +229,9 @@ func share(name string, cond toxics.Condition, sh shape, tl timeline, owners []o
 	}
 	if tl.nemesis {
 		s.Schedule = tl.runFor() - 5*time.Second
+		// the load's whole run, not the schedule's shorter one, is the
+		// planned length of the progress lines and the disk guard
+		s.Planned = tl.runFor()
 	}
 	return s
 }

@@ -415,7 +415,10 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 // the workload runs it (nemesis.RunSteps), not the runner's Schedule; a
 // step the target cannot host is left out.
 func soak(runFor time.Duration) scenario.Scenario {
-	s := scenario.Scenario{Property: property, Name: "nemesis", Condition: toxics.Scheduled, Server: serverSettings()}
+	// The workload runs its own schedule (no Scenario.Schedule): the
+	// client reads for runFor and settle after it, the planned length of
+	// the progress lines and the disk guard.
+	s := scenario.Scenario{Property: property, Name: "nemesis", Condition: toxics.Scheduled, Server: serverSettings(), Planned: runFor + settle}
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
 		cfg, lt, err := lifetimes(ctx, r.Env, "reader")
 		if err != nil {
