@@ -297,9 +297,10 @@ func attackAll(ctx context.Context, r *scenario.Run, soakFor time.Duration, skip
 	}
 	w := watch.New(e, rec, watch.Options{Sessions: h.Setup.Probe.StandardDiagnostics.Found, Connections: e.Target.Diagnostics})
 	defer closeWatch(ctx, w)
+	mem := &memoryReadings{w: w, rec: rec}
 	readings := func() {
 		w.State(ctx)
-		w.Memory(ctx)
+		mem.read(ctx)
 		w.Counts(ctx)
 	}
 
@@ -333,7 +334,7 @@ func attackAll(ctx context.Context, r *scenario.Run, soakFor time.Duration, skip
 			baseSessions = max(baseSessions, o.Value)
 		}
 	}
-	a := &attacker{w: w, rec: rec, runner: runner, baseline: baseline, baseSessions: baseSessions, skipped: skipped, alive: true}
+	a := &attacker{w: w, mem: mem, rec: rec, runner: runner, baseline: baseline, baseSessions: baseSessions, skipped: skipped, alive: true}
 
 	// windows are the rounds', each from its start to the next's (the
 	// last to the final readings)
@@ -384,7 +385,7 @@ func attackAll(ctx context.Context, r *scenario.Run, soakFor time.Duration, skip
 			for _, b := range bursts {
 				_, err := runner.Run(ctx, b)
 				a.errs = append(a.errs, err)
-				w.Memory(ctx)
+				a.mem.read(ctx)
 				a.alive = w.State(ctx)
 			}
 			a.attacked = rec.Now()
@@ -395,7 +396,7 @@ func attackAll(ctx context.Context, r *scenario.Run, soakFor time.Duration, skip
 	stopped := rec.Now()
 	verr := v.finish(r)
 	w.State(ctx)
-	w.Memory(ctx)
+	mem.read(ctx)
 	windows[len(windows)-1].End = rec.Now()
 	if len(rounds) > 0 {
 		rounds[len(rounds)-1].End = rec.Now()
@@ -450,6 +451,7 @@ func endRounds(ctx context.Context, alive bool, until time.Time, longest time.Du
 // attacker runs the rounds of a robustness run against one server.
 type attacker struct {
 	w      *watch.Watch
+	mem    *memoryReadings
 	rec    *history.Recorder
 	runner *attack.Runner
 	// baseline is the quiet phase before the attacks, baseSessions the
@@ -522,7 +524,7 @@ func (a *attacker) round(ctx context.Context, n int) (cut bool) {
 			}
 		}
 		if isBurst(b) {
-			w.Memory(ctx)
+			a.mem.read(ctx)
 		}
 		w.State(ctx)
 	}
@@ -542,12 +544,14 @@ func (a *attacker) round(ctx context.Context, n int) (cut bool) {
 // after from, while the victim still reads. It reports whether the memory
 // and the sessions were back.
 func (a *attacker) waitSettled(ctx context.Context, from time.Duration) (memBack, sessionsBack bool) {
-	w, rec := a.w, a.rec
+	w := a.w
 	memBack, sessionsBack = true, true
 	for settled := time.Now(); time.Since(settled) < settle && ctx.Err() == nil; {
 		n := w.Counts(ctx)
-		w.Memory(ctx)
-		memBack = check.Settle(rec.History(), memoryCheck(a.baseline, from, nil)).Verdict != check.Fail
+		a.mem.read(ctx)
+		// the memory readings alone: the whole history is a pass over
+		// hours of ops in a long soak, every half second
+		memBack = check.Settle(a.mem.history(), memoryCheck(a.baseline, from, nil)).Verdict != check.Fail
 		sessionsBack = n >= 0 && n <= a.baseSessions || a.baseSessions < 0 || !a.alive
 		if sessionsBack && (memBack || !a.alive) && time.Since(settled) >= after {
 			break
@@ -556,6 +560,26 @@ func (a *attacker) waitSettled(ctx context.Context, from time.Duration) (memBack
 	}
 	return memBack, sessionsBack
 }
+
+// memoryReadings reads the server's memory through a watch (which
+// records each reading) and keeps the readings: whether the memory
+// settled after a round is judged on them alone.
+type memoryReadings struct {
+	w   *watch.Watch
+	rec *history.Recorder
+	ops []history.Op
+}
+
+// read takes one reading.
+func (m *memoryReadings) read(ctx context.Context) {
+	at := m.rec.Now()
+	if v, ok := m.w.Memory(ctx); ok {
+		m.ops = append(m.ops, history.Op{ID: uint64(len(m.ops) + 1), Kind: history.KindMemory, Invoke: at, Complete: m.rec.Now(), Outcome: history.OK, Value: v})
+	}
+}
+
+// history returns the readings as a history.
+func (m *memoryReadings) history() history.History { return history.History{Ops: m.ops} }
 
 // memoryRounds groups the windows of a soak's rounds into at most
 // maxMemoryRounds windows of consecutive rounds, as even as they divide:
