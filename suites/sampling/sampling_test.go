@@ -86,7 +86,11 @@ func sampledNode(pattern string) func(i int) *ua.NodeID {
 // Samples lost during a fault (and its grace) are excused; in the quiet
 // parts between faults every item must be back at ≥ 99 %: a sampler that
 // drifts or stays behind after starvation fails there.
-func nemesisSchedule(runFor time.Duration) scenario.Scenario {
+//
+// The driver's heap is profiled by profile (spec.ProfileDriver) after the
+// warm-up and 10 s before the subscription ends: what it came to keep
+// over a long soak is the difference of the two.
+func nemesisSchedule(runFor time.Duration, profile func(ctx context.Context, at ...time.Duration) (stop func())) scenario.Scenario {
 	const (
 		items  = 1024
 		window = time.Second
@@ -125,6 +129,8 @@ func nemesisSchedule(runFor time.Duration) scenario.Scenario {
 			return fmt.Errorf("open session: %w", err)
 		}
 		defer closeSession()
+		heap := profile(ctx, max(runFor/5, warmup), runFor-10*time.Second)
+		defer heap()
 		st, err := subscribe.Run(ctx, r.Rec, c, subscribe.Config{
 			Client: subscription, Items: items,
 			Node: sampledNode(r.Env.Profile().SampleNode), Sampling: interval, Publishing: publishing,
@@ -233,7 +239,7 @@ func delivers(items int) func(toxics.Condition) scenario.Scenario {
 
 var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 	It("samples 1024 items at 10 ms through a seeded nemesis schedule and recovers its rate after every fault", Label("soak"), spec.Condition(toxics.Scheduled.Name), func(ctx SpecContext) {
-		h.Run(ctx, nemesisSchedule(spec.SoakFor()))
+		h.Run(ctx, nemesisSchedule(spec.SoakFor(), spec.ProfileDriver))
 	}, spec.SoakTimeout(2*time.Minute))
 
 	// With 1024 items: catches fault sampler-skips (items-1024:
