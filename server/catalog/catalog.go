@@ -223,10 +223,17 @@ const (
 	// server holds a ballast as large as its peak heap growth so far, and
 	// grows it only when a later burst needs more than it ever did.
 	QuirkRetainFreedMemory Quirk = "retain-freed-memory"
+	// QuirkTrustedCertsOnly trusts only the client certificates in the
+	// folder server.TrustedCertsDir (DER or PEM files): an unknown client
+	// certificate is refused at OpenSecureChannel with
+	// BadSecurityChecksFailed, as servers configured with a trust list do
+	// (S2OPC's demo server as shipped; Part 4, 6.1.3: the certificate
+	// must be trusted). None channels are unaffected.
+	QuirkTrustedCertsOnly Quirk = "trusted-certs-only"
 )
 
 // AllQuirks lists every quirk switch. There is no one-event-loop quirk
 // (every session served by one loop, as open62541 does): seen from the
 // wire it is the fault serial-dispatch, a slow read holding up every other
 // session, which the wakeups suite and discovery rightly report.
-var AllQuirks = []Quirk{QuirkNoCertOnNone, QuirkMinSampling50ms, QuirkRetainFreedMemory}
+var AllQuirks = []Quirk{QuirkNoCertOnNone, QuirkMinSampling50ms, QuirkRetainFreedMemory, QuirkTrustedCertsOnly}
