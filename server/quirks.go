@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
+	"github.com/opcua-chaos/opcua-chaos/server/internal/subscription"
 )
 
 // MinSamplingQuirk is the smallest sampling interval granted under the
@@ -58,6 +59,24 @@ func (s *Server) trusts() func(cert []byte) bool {
 		dir = TrustedCertsDir
 	}
 	return trustList(dir)
+}
+
+// testNodes reports whether the server offers its test nodes a client can
+// drive (service-time nodes, sampled counters): not under no-test-nodes.
+func (s *Server) testNodes() bool { return !s.cfg.Quirks.Has(catalog.QuirkNoTestNodes) }
+
+// serviceTimeNodes reports whether the Slow.<ms> and Busy.<µs> nodes
+// exist: test nodes on (testNodes) and not removed by
+// Config.NoServiceTimeNodes.
+func (s *Server) serviceTimeNodes() bool { return s.testNodes() && !s.cfg.NoServiceTimeNodes }
+
+// counterSource is the monitored-item source of the counter nodes: none
+// under no-test-nodes.
+func (s *Server) counterSource() subscription.Source {
+	if !s.testNodes() {
+		return nil
+	}
+	return s.counters
 }
 
 // Quirks is a set of enabled quirk switches.
