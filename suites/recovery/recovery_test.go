@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gopcua/opcua/ua"
 	. "github.com/onsi/ginkgo/v2"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
@@ -255,11 +254,12 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 			return fmt.Errorf("open session: %w", err)
 		}
 		defer close1()
-		nodes := make([]*ua.NodeID, items)
-		for i := range nodes {
-			nodes[i] = ua.NewStringNodeID(1, fmt.Sprintf("SampledCounter.%d", i))
+		st, err := streamFor(r.Env.Profile())
+		if err != nil {
+			return err
 		}
-		sub, err := c1.Subscribe(ctx, subscription, nodes, sampling, publishing, queue)
+		r.Rec.SetLabel("stream", st.on)
+		sub, err := c1.Subscribe(ctx, subscription, st.nodes, sampling, publishing, queue)
 		if err != nil {
 			return fmt.Errorf("subscribe: %w", err)
 		}
@@ -271,7 +271,11 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 		}
 		stop := run(ctx, sub, c1)
 		defer func() { _ = stop() }()
-		pause(ctx, warm)
+		pace := warmUp(ctx, st, sub)
+		r.Rec.Mark("stream-pace", fmt.Sprintf("%d change(s) of the slowest item, one every %v; judged every %v, streamed %v after the transfer; %d data message(s)",
+			pace.Changes, pace.Period, pace.interval, pace.streamed, sub.Messages()))
+		r.Figures["stream_period_ms"] = float64(pace.Period) / float64(time.Millisecond)
+		r.Figures["stream_judged_every_ms"] = float64(pace.interval) / float64(time.Millisecond)
 
 		r.Rec.Mark("partitioning the network", fmt.Sprintf("for %v (channel lifetime %v, session timeout %v)", part, granted, session))
 		partition, err := nemesis.Inject(ctx, r.Target, r.Rec, nemesis.Partition(faultPartition, env.ProxyName))
@@ -310,6 +314,7 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 			return fmt.Errorf("republish: %w", err)
 		}
 		r.Rec.Mark("republish", fmt.Sprintf("asked for %d message(s)", n))
+		r.Figures["republish_asked"] = float64(n)
 
 		r.Rec.Mark("transferring the subscription to a new session", "")
 		cfg.Client = "c2"
@@ -337,7 +342,7 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 			r.Rec.Mark("publish-loop", fmt.Sprintf("of the first session: %v", stop()))
 			stop = run(ctx, sub, c2)
 		}
-		pause(ctx, streamed)
+		pause(ctx, pace.streamed)
 		r.Rec.Mark("publish-loop", fmt.Sprintf("of the stream's session: %v", stop()))
 		if _, err := sub.Recover(ctx, owner); err != nil {
 			return fmt.Errorf("republish after the transfer: %w", err)
@@ -385,15 +390,7 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 		quiet := scenario.Quiet(check.Span{From: quietFrom, To: quietTo, Window: 2 * time.Second})
 		quiet.Stage = check.Assumption
 		r.Check(
-			check.Spec{Name: "transfer-stream", Config: check.TransferConfig{Subscriptions: []string{sub.Label}, Stream: check.SamplingConfig{
-				Span:     check.Span{From: judgedFrom, To: transferAt + streamed - 500*time.Millisecond},
-				Interval: sub.Sampling, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.95, MaxGap: max(maxGap, 2*sub.Sampling),
-				// a transferred subscription may send every item's current
-				// value again (Part 4 TransferSubscriptions,
-				// sendInitialValues), and a republished message repeats
-				// what the client may have half received
-				AllowDuplicates: true,
-			}, Skip: id.skip}},
+			transferStream(sub, st.mode, pace, judgedFrom, transferAt, id.skip),
 			check.Spec{Name: "transfer-refusal", Config: check.TransferRefusalConfig{}},
 			quiet,
 		)
