@@ -118,15 +118,15 @@ func measure(mode string, sampling time.Duration, p reconnect.Pace) paced {
 	return out
 }
 
-// transferStream is the transfer check of sub's stream counted by mode
-// from judgedFrom to the end of its run after the transfer at transferAt;
-// skip (the identity's, else the pace's) says why it is not judged.
-func transferStream(sub *reconnect.Subscription, mode string, p paced, judgedFrom, transferAt time.Duration, skip string) check.Spec {
+// transferStream is the transfer check of sub's stream counted by mode,
+// judged in span (from before the transfer to the end of its run after
+// it); skip (the identity's, else the pace's) says why it is not judged.
+func transferStream(sub *reconnect.Subscription, mode string, p paced, span check.Span, skip string) check.Spec {
 	if skip == "" && p.skip != "" {
 		skip = "the stream across the transfer: " + p.skip
 	}
 	return check.Spec{Name: "transfer-stream", Config: check.TransferConfig{Subscriptions: []string{sub.Label}, Stream: check.SamplingConfig{
-		Span:     check.Span{From: judgedFrom, To: transferAt + p.streamed - 500*time.Millisecond},
+		Span:     span,
 		Interval: p.interval, Mode: mode, BySourceTime: true, MinFraction: minFraction, MaxGap: max(maxGap, 2*p.interval),
 		// a transferred subscription may send every item's current
 		// value again (Part 4 TransferSubscriptions,
