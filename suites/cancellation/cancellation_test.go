@@ -332,11 +332,19 @@ func (v *victim) close(ctx context.Context) error {
 	if s := v.c.Session(); s != nil {
 		auth = s.AuthToken
 	}
-	if resp, err := v.c.RoundTrip(ctx, &ua.CloseSessionRequest{DeleteSubscriptions: true}, auth); err != nil {
+	req := &ua.CloseSessionRequest{DeleteSubscriptions: true}
+	if resp, err := v.c.RoundTrip(ctx, req, auth); err != nil {
 		v.rec.Fail(ref, 0, err)
 	} else {
 		v.c.Detach() // closed: Close closes only the channel
-		v.rec.Complete(ref, history.Completion{Outcome: history.OK, Value: serverTime(resp.Header())})
+		// the handle gopcua gave it is its place in the channel's send
+		// order (closed-session: a read recorded before it may have
+		// gone out after it)
+		var handle uint32
+		if req.RequestHeader != nil {
+			handle = req.RequestHeader.RequestHandle
+		}
+		v.rec.Complete(ref, history.Completion{Outcome: history.OK, Value: serverTime(resp.Header()), Handle: handle, RequestID: handle})
 	}
 	var err error
 	if v.closed != nil {
