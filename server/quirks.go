@@ -10,6 +10,11 @@ import (
 // quirk min-sampling-50ms.
 const MinSamplingQuirk = 50 * time.Millisecond
 
+// MaxSessionsQuirk is the session table's size under the quirk
+// max-sessions-20 (S2OPC's demo server's MaxSessions), whatever
+// OPCUA_MAX_SESSIONS asks for above it.
+const MaxSessionsQuirk = 20
+
 // Quirks is a set of enabled quirk switches.
 type Quirks map[catalog.Quirk]bool
 
