@@ -195,6 +195,8 @@ func (s *Server) standardValue(i uint32) (any, bool) {
 		return uint32(0), true
 	case id.Server_ServerStatus_ShutdownReason:
 		return &ua.LocalizedText{}, true
+	case id.Server_ServerCapabilities_MaxSessions:
+		return uint32(s.cfg.MaxSessions), true
 	case id.Server_ServerCapabilities_OperationLimits_MaxNodesPerRead:
 		return uint32(MaxNodesPerRead), true
 	case id.Server_ServerCapabilities_OperationLimits_MaxMonitoredItemsPerCall:

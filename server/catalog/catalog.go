@@ -236,10 +236,16 @@ const (
 	// every server as it ships: open62541, S2OPC). The read-only ns=1
 	// diagnostics stay.
 	QuirkNoTestNodes Quirk = "no-test-nodes"
+	// QuirkMaxSessions20 caps the session table at server.MaxSessionsQuirk
+	// (20) sessions, as S2OPC's demo server ships (Part 4, 5.6.2 lets a
+	// server refuse CreateSession with BadTooManySessions at its limit):
+	// the suites must learn the limit, size their shapes to it and count a
+	// refusal at it as an answer, not an error.
+	QuirkMaxSessions20 Quirk = "max-sessions-20"
 )
 
 // AllQuirks lists every quirk switch. There is no one-event-loop quirk
 // (every session served by one loop, as open62541 does): seen from the
 // wire it is the fault serial-dispatch, a slow read holding up every other
 // session, which the wakeups suite and discovery rightly report.
-var AllQuirks = []Quirk{QuirkNoCertOnNone, QuirkMinSampling50ms, QuirkRetainFreedMemory, QuirkTrustedCertsOnly, QuirkNoTestNodes}
+var AllQuirks = []Quirk{QuirkNoCertOnNone, QuirkMinSampling50ms, QuirkRetainFreedMemory, QuirkTrustedCertsOnly, QuirkNoTestNodes, QuirkMaxSessions20}

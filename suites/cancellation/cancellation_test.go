@@ -625,6 +625,9 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 			return start, nil
 		}
 
+		if err := r.NeedSessions("storm", len(cancellers)); err != nil {
+			return err
+		}
 		rec.Mark(fmt.Sprintf("reading slow reads (%s) on %d sessions without cancels", service, len(cancellers)), "")
 		tBefore, err := phase("before", phaseFor, stormSessions(e.Target, "before-"))
 		if err != nil {
