@@ -78,6 +78,7 @@ func (s *Server) counterSource() subscription.Source {
 	}
 	return s.counters
 }
+
 // MaxSessionsQuirk is the session table's size under the quirk
 // max-sessions-20 (S2OPC's demo server's MaxSessions), whatever
 // OPCUA_MAX_SESSIONS asks for above it.
