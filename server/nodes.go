@@ -247,10 +247,10 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 	if v, ok := s.memoryValue(name); ok {
 		return v, true, nil
 	}
-	if rest, ok := strings.CutPrefix(name, "Slow."); ok && !s.cfg.NoServiceTimeNodes {
+	if rest, ok := strings.CutPrefix(name, "Slow."); ok && s.serviceTimeNodes() {
 		return serviceTime(ctx, rest, MaxSlowMillis, time.Millisecond, sleep)
 	}
-	if rest, ok := strings.CutPrefix(name, "Busy."); ok && !s.cfg.NoServiceTimeNodes {
+	if rest, ok := strings.CutPrefix(name, "Busy."); ok && s.serviceTimeNodes() {
 		return serviceTime(ctx, rest, MaxBusyMicros, time.Microsecond, spin)
 	}
 	if rest, ok := strings.CutPrefix(name, "Owner."); ok {

@@ -588,6 +588,7 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 			Certificate: s.creds.cert,
 			PrivateKey:  s.creds.key,
 			Offers:      s.offers,
+			Trusts:      s.trusts(),
 		},
 		CryptoInGate:    s.cfg.Faults.Has(catalog.FaultCryptoInGate),
 		Budget:          chunks,
