@@ -16,6 +16,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	fresh "github.com/opcua-chaos/opcua-chaos/fixtures/victim"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
@@ -112,6 +113,9 @@ func exhaustion(cond toxics.Condition) scenario.Scenario {
 		// configured limit (Part 4 5.6.2): counted, not a lockout; a
 		// server that keeps places for logins is judged on them
 		lockout.AtLimit = []string{attack.NameActivatedFlood}
+		// it holds the table when it made the server hold all of it
+		// but what the harness may hold beside
+		lockout.AtLimitHeld = max(1, h.Setup.Target.MaxSessions.N-target.HarnessSessions)
 	}
 	s.Checks = []check.Spec{
 		{Name: "survival", Config: check.SurvivalConfig{Attacks: names}},
