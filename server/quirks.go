@@ -15,11 +15,6 @@ import (
 // quirk min-sampling-50ms.
 const MinSamplingQuirk = 50 * time.Millisecond
 
-// MaxSessionsQuirk is the session table's size under the quirk
-// max-sessions-20 (S2OPC's demo server's MaxSessions), whatever
-// OPCUA_MAX_SESSIONS asks for above it.
-const MaxSessionsQuirk = 20
-
 // TrustedCertsDir is the folder of the client certificates trusted under
 // the quirk trusted-certs-only.
 const TrustedCertsDir = "/pki/trusted"
@@ -83,6 +78,11 @@ func (s *Server) counterSource() subscription.Source {
 	}
 	return s.counters
 }
+
+// MaxSessionsQuirk is the session table's size under the quirk
+// max-sessions-20 (S2OPC's demo server's MaxSessions), whatever
+// OPCUA_MAX_SESSIONS asks for above it.
+const MaxSessionsQuirk = 20
 
 // Quirks is a set of enabled quirk switches.
 type Quirks map[catalog.Quirk]bool
