@@ -1,6 +1,7 @@
 package robustness_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	fresh "github.com/opcua-chaos/opcua-chaos/fixtures/victim"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
@@ -63,6 +65,16 @@ var exhaustCatches = []catalog.Fault{
 	catalog.FaultRSABlocksUnbounded, catalog.FaultThrottlePairOnly,
 }
 
+// floodSessions is the session table the session floods go past: the
+// target's, the larger of the reported and the probed limit (a server may
+// keep part of its table from anonymous clients, as the reference server
+// does), 0 (attack.DefaultExhaustSessions) when neither is known. On the
+// reference server exhaustLimits sets 200, which a smaller table (the
+// quirk max-sessions-20) lowers.
+func floodSessions() int {
+	return max(int(h.Setup.Probe.Reported("MaxSessions")), h.Setup.Target.MaxSessions.N)
+}
+
 // exhaustion is the scenario of the exhaustion attacks, run one after
 // another while fresh clients probe: survival, answers, lockouts, memory
 // and the guess rate are judged. On the reference server the attacks go
@@ -71,11 +83,12 @@ var exhaustCatches = []catalog.Fault{
 // budget the server reports) and of the guess rate follow once the
 // baseline phase ended (exhaust).
 func exhaustion(cond toxics.Condition) scenario.Scenario {
-	limits := attack.ExhaustionLimits{Hold: exhaustHold}
+	limits := attack.ExhaustionLimits{Hold: exhaustHold, MaxSessions: floodSessions()}
 	s := scenario.Scenario{Property: property, Name: "exhaustion", Condition: cond}
 	if isReference() {
 		s.Server = exhaustLimits
-		limits.MaxConnections, limits.MaxSessions = 300, 200
+		limits.MaxConnections = 300
+		limits.MaxSessions = min(cmp.Or(limits.MaxSessions, 200), 200)
 	}
 	if h.Setup.Target.ServiceTime {
 		limits.SlowNode = ua.NewStringNodeID(1, "Slow.5000")
@@ -93,9 +106,20 @@ func exhaustion(cond toxics.Condition) scenario.Scenario {
 	// sampling (20 000 items at 1 ms), bounded by the sampling interval
 	// and item limits a server may revise, not by the messages.
 	perMessage := slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == attack.NameItemQueueBomb })
+	lockout := check.LockoutConfig{Attacks: names, MaxLockout: maxLockout, MaxProbeLatency: maxProbeLatency,
+		SessionLimit: h.Setup.Target.MaxSessions.N}
+	if !h.Setup.Target.LoginReserve {
+		// a table of activated sessions refusing one more is the
+		// configured limit (Part 4 5.6.2): counted, not a lockout; a
+		// server that keeps places for logins is judged on them
+		lockout.AtLimit = []string{attack.NameActivatedFlood}
+		// it holds the table when it made the server hold all of it
+		// but what the harness may hold beside
+		lockout.AtLimitHeld = max(1, h.Setup.Target.MaxSessions.N-target.HarnessSessions)
+	}
 	s.Checks = []check.Spec{
 		{Name: "survival", Config: check.SurvivalConfig{Attacks: names}},
-		{Name: "lockout", Config: check.LockoutConfig{Attacks: names, MaxLockout: maxLockout, MaxProbeLatency: maxProbeLatency}},
+		{Name: "lockout", Config: lockout},
 		{Name: "answers", Config: answers},
 		{Name: "amplification", Config: check.AmplificationConfig{Attacks: perMessage}},
 	}
