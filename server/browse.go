@@ -138,6 +138,7 @@ var standardNodes = []struct {
 	{id.Server_ServerStatus_SecondsTillShutdown, id.Server_ServerStatus, id.HasComponent, ua.NodeClassVariable, id.BaseDataVariableType, ""},
 	{id.Server_ServerStatus_ShutdownReason, id.Server_ServerStatus, id.HasComponent, ua.NodeClassVariable, id.BaseDataVariableType, ""},
 
+	{id.Server_ServerCapabilities_MaxSessions, id.Server_ServerCapabilities, id.HasProperty, ua.NodeClassVariable, id.PropertyType, ""},
 	{id.Server_ServerCapabilities_MaxMonitoredItemsPerSubscription, id.Server_ServerCapabilities, id.HasProperty, ua.NodeClassVariable, id.PropertyType, ""},
 	{id.Server_ServerCapabilities_MaxMonitoredItems, id.Server_ServerCapabilities, id.HasProperty, ua.NodeClassVariable, id.PropertyType, ""},
 	{id.Server_ServerCapabilities_OperationLimits, id.Server_ServerCapabilities, id.HasComponent, ua.NodeClassObject, id.OperationLimitsType, ""},

@@ -311,6 +311,9 @@ type Config struct {
 	Faults Faults
 	// Quirks are the enabled quirk switches: conformant variations.
 	Quirks Quirks
+	// TrustDir is the folder of trusted client certificates under the
+	// quirk trusted-certs-only (default TrustedCertsDir).
+	TrustDir string
 	// Security is the set of message security modes offered (nil: all of
 	// None, Sign and SignAndEncrypt; see ParseSecurityModes).
 	Security SecurityModes

@@ -195,6 +195,8 @@ func (s *Server) standardValue(i uint32) (any, bool) {
 		return uint32(0), true
 	case id.Server_ServerStatus_ShutdownReason:
 		return &ua.LocalizedText{}, true
+	case id.Server_ServerCapabilities_MaxSessions:
+		return uint32(s.cfg.MaxSessions), true
 	case id.Server_ServerCapabilities_OperationLimits_MaxNodesPerRead:
 		return uint32(MaxNodesPerRead), true
 	case id.Server_ServerCapabilities_OperationLimits_MaxMonitoredItemsPerCall:
@@ -245,10 +247,10 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 	if v, ok := s.memoryValue(name); ok {
 		return v, true, nil
 	}
-	if rest, ok := strings.CutPrefix(name, "Slow."); ok && !s.cfg.NoServiceTimeNodes {
+	if rest, ok := strings.CutPrefix(name, "Slow."); ok && s.serviceTimeNodes() {
 		return serviceTime(ctx, rest, MaxSlowMillis, time.Millisecond, sleep)
 	}
-	if rest, ok := strings.CutPrefix(name, "Busy."); ok && !s.cfg.NoServiceTimeNodes {
+	if rest, ok := strings.CutPrefix(name, "Busy."); ok && s.serviceTimeNodes() {
 		return serviceTime(ctx, rest, MaxBusyMicros, time.Microsecond, spin)
 	}
 	if rest, ok := strings.CutPrefix(name, "Owner."); ok {

@@ -135,3 +135,45 @@ func TestRetainerKeepsPeakWithoutGrowing(t *testing.T) {
 		}
 	}
 }
+
+// TestQuirkNoTestNodes: under no-test-nodes the service-time nodes and the
+// sampled counters are unknown, to Read and to CreateMonitoredItems; the
+// read-only diagnostics stay. Without it they are served.
+func TestQuirkNoTestNodes(t *testing.T) {
+	for _, quirk := range []bool{false, true} {
+		cfg := Config{}
+		want := ua.StatusOK
+		if quirk {
+			cfg.Quirks, want = Quirks{catalog.QuirkNoTestNodes: true}, ua.StatusBadNodeIDUnknown
+		}
+		endpoint, _ := startServer(t, cfg)
+		c := connect(t, endpoint, anonymous(t, endpoint))
+		res := readValues(t, c, counter("Slow.10"), counter("Busy.10"), counter("SampledCounter.0"), counter("FastCounter.0"), counter(NodeQueueDepth))
+		for i, dv := range res[:4] {
+			if dv.Status != want {
+				t.Errorf("quirk %v: node %d status %v, want %v", quirk, i, dv.Status, want)
+			}
+		}
+		if res[4].Status != ua.StatusOK {
+			t.Errorf("quirk %v: %s status %v, want the diagnostics kept", quirk, NodeQueueDepth, res[4].Status)
+		}
+		r, err := sendSvc(t, c, &ua.CreateSubscriptionRequest{RequestedPublishingInterval: 20, RequestedLifetimeCount: 1000, RequestedMaxKeepAliveCount: 10, PublishingEnabled: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err = sendSvc(t, c, &ua.CreateMonitoredItemsRequest{
+			SubscriptionID: r.(*ua.CreateSubscriptionResponse).SubscriptionID, TimestampsToReturn: ua.TimestampsToReturnSource,
+			ItemsToCreate: []*ua.MonitoredItemCreateRequest{{
+				ItemToMonitor:       &ua.ReadValueID{NodeID: counter("SampledCounter.1"), AttributeID: ua.AttributeIDValue, DataEncoding: &ua.QualifiedName{}},
+				MonitoringMode:      ua.MonitoringModeReporting,
+				RequestedParameters: &ua.MonitoringParameters{ClientHandle: 1, SamplingInterval: 10, QueueSize: 10, DiscardOldest: true, Filter: ua.NewExtensionObject(nil)},
+			}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.(*ua.CreateMonitoredItemsResponse).Results[0].StatusCode; got != want {
+			t.Errorf("quirk %v: monitored item on SampledCounter.1: %v, want %v", quirk, got, want)
+		}
+	}
+}

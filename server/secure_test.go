@@ -7,11 +7,14 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/binary"
+	"encoding/pem"
 	"errors"
 	"io"
 	"math/big"
 	"net"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -543,4 +546,32 @@ func TestQuirkNoCertOnNone(t *testing.T) {
 			t.Errorf("quirk %v: GetEndpoints without the certificate", quirk)
 		}
 	}
+}
+
+// TestQuirkTrustedCertsOnly: under trusted-certs-only a secured channel
+// opens only with a client certificate found in the trust folder (DER or
+// PEM, read at each OpenSecureChannel); an unknown one is refused with
+// BadSecurityChecksFailed; None channels are unaffected. Without the quirk
+// every certificate is accepted.
+func TestQuirkTrustedCertsOnly(t *testing.T) {
+	dir := t.TempDir()
+	endpoint, _ := startServer(t, Config{Quirks: Quirks{catalog.QuirkTrustedCertsOnly: true}, TrustDir: dir})
+	key, cert := clientCredentials(t, testClientURI)
+	sc := secureClient{policy: ua.SecurityPolicyURIBasic256Sha256, mode: ua.MessageSecurityModeSignAndEncrypt, key: key, cert: cert}
+	// gopcua's client reports the server's ERR message or the close
+	// that follows it, whichever it reads first
+	if c, err := dial(endpoint, sc.options(t, endpoint, ua.UserTokenTypeAnonymous)...); err == nil {
+		_ = c.Close(t.Context())
+		t.Fatal("an unknown certificate opened a secured channel")
+	} else if !errors.Is(err, ua.StatusBadSecurityChecksFailed) && !errors.Is(err, io.EOF) {
+		t.Fatalf("unknown certificate: %v, want BadSecurityChecksFailed or the connection closed", err)
+	}
+	connect(t, endpoint, anonymous(t, endpoint)) // None still opens
+	if err := os.WriteFile(filepath.Join(dir, "client.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	connect(t, endpoint, sc.options(t, endpoint, ua.UserTokenTypeAnonymous)...)
+
+	plain, _ := startServer(t, Config{TrustDir: t.TempDir()})
+	connect(t, plain, sc.options(t, plain, ua.UserTokenTypeAnonymous)...)
 }

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -179,7 +178,11 @@ func New(cfg Config) (*Server, error) {
 	fill(&cfg.MaxHeldLoginsPerPeer, DefaultMaxHeldLogins)
 	fill(&cfg.MaxSecretBlocks, DefaultMaxSecretBlocks)
 	fill(&cfg.MaxStringLength, DefaultMaxStringLength)
-	fill(&cfg.MaxAnonymousSessions, max(1, cmp.Or(cfg.MaxSessions, session.DefaultMaxSessions)/2))
+	fill(&cfg.MaxSessions, session.DefaultMaxSessions)
+	if cfg.Quirks.Has(catalog.QuirkMaxSessions20) {
+		cfg.MaxSessions = min(cfg.MaxSessions, MaxSessionsQuirk)
+	}
+	fill(&cfg.MaxAnonymousSessions, max(1, cfg.MaxSessions/2))
 	if cfg.MemoryBudget <= 0 {
 		cfg.MemoryBudget = budget.DefaultLimit
 	}
@@ -585,6 +588,7 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 			Certificate: s.creds.cert,
 			PrivateKey:  s.creds.key,
 			Offers:      s.offers,
+			Trusts:      s.trusts(),
 		},
 		CryptoInGate:    s.cfg.Faults.Has(catalog.FaultCryptoInGate),
 		Budget:          chunks,

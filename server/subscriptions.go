@@ -36,7 +36,7 @@ func (s *Server) newSubscriptions() {
 	s.counters = subscription.NewCounters(1, s.cfg.Counters, clock)
 	opts := subscription.Options{
 		Clock:         clock,
-		Source:        subscription.Sources{s.counters, nodeSource{s}},
+		Source:        subscription.Sources{s.counterSource(), nodeSource{s}},
 		Logger:        s.log,
 		SamplingDrift: s.cfg.Faults.Has(catalog.FaultSamplingDrift),
 		SamplerSkips:  s.cfg.Faults.Has(catalog.FaultSamplerSkips),
@@ -215,7 +215,7 @@ func (s *Server) subscriptionService(cn *conn, ch *channel.Channel, reqID uint32
 // subscriptionValue serves the counter and subscription diagnostics nodes
 // of namespace 1.
 func (s *Server) subscriptionValue(name string) (any, bool) {
-	if v, _, ok := s.counters.Value(name); ok {
+	if v, _, ok := s.counters.Value(name); ok && s.testNodes() {
 		return v, true
 	}
 	if !strings.HasPrefix(name, "Subscription.") && !strings.HasPrefix(name, "Sampling.") {

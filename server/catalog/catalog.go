@@ -223,10 +223,29 @@ const (
 	// server holds a ballast as large as its peak heap growth so far, and
 	// grows it only when a later burst needs more than it ever did.
 	QuirkRetainFreedMemory Quirk = "retain-freed-memory"
+	// QuirkTrustedCertsOnly trusts only the client certificates in the
+	// folder server.TrustedCertsDir (DER or PEM files): an unknown client
+	// certificate is refused at OpenSecureChannel with
+	// BadSecurityChecksFailed, as servers configured with a trust list do
+	// (S2OPC's demo server as shipped; Part 4, 6.1.3: the certificate
+	// must be trusted). None channels are unaffected.
+	QuirkTrustedCertsOnly Quirk = "trusted-certs-only"
+	// QuirkNoTestNodes serves only the standard address space's kind of
+	// nodes a client can drive: no Slow.<ms> or Busy.<µs> service-time
+	// nodes and no SampledCounter.<i> or FastCounter.<i> counters (as
+	// every server as it ships: open62541, S2OPC). The read-only ns=1
+	// diagnostics stay.
+	QuirkNoTestNodes Quirk = "no-test-nodes"
+	// QuirkMaxSessions20 caps the session table at server.MaxSessionsQuirk
+	// (20) sessions, as S2OPC's demo server ships (Part 4, 5.6.2 lets a
+	// server refuse CreateSession with BadTooManySessions at its limit):
+	// the suites must learn the limit, size their shapes to it and count a
+	// refusal at it as an answer, not an error.
+	QuirkMaxSessions20 Quirk = "max-sessions-20"
 )
 
 // AllQuirks lists every quirk switch. There is no one-event-loop quirk
 // (every session served by one loop, as open62541 does): seen from the
 // wire it is the fault serial-dispatch, a slow read holding up every other
 // session, which the wakeups suite and discovery rightly report.
-var AllQuirks = []Quirk{QuirkNoCertOnNone, QuirkMinSampling50ms, QuirkRetainFreedMemory}
+var AllQuirks = []Quirk{QuirkNoCertOnNone, QuirkMinSampling50ms, QuirkRetainFreedMemory, QuirkTrustedCertsOnly, QuirkNoTestNodes, QuirkMaxSessions20}

@@ -425,6 +425,9 @@ func nemesisSoak(runFor time.Duration, profile profiler, log io.Writer) scenario
 			}
 		}()
 		counts := w.SampleCounts(ctx, 5*time.Second)
+		if err := r.NeedSessions(fmt.Sprintf("%dx%d", deepSessions, deepOutstanding), deepSessions); err != nil {
+			return err
+		}
 		p := load.Pipelined(e.Endpoint, deepSessions, deepOutstanding)
 		p.Name, p.Duration, p.RequestTimeout = "nemesis", runFor, requestTimeout
 		st, err := load.Run(ctx, rec, p)
@@ -476,6 +479,9 @@ func deep(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 		e, rec := r.Env, r.Rec
 		mon := watchServer(ctx, r)
 
+		if err := r.NeedSessions(fmt.Sprintf("%dx%d", deepSessions, deepOutstanding), deepSessions); err != nil {
+			return err
+		}
 		rec.Mark(fmt.Sprintf("pipelining %d × %d Reads for %s", deepSessions, deepOutstanding, deepFor), "")
 		p := load.Pipelined(e.Endpoint, deepSessions, deepOutstanding)
 		p.Duration, p.RequestTimeout, p.Security = deepFor, deepRequestTimeout, e.Security

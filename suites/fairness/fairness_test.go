@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -225,6 +226,17 @@ func runShare(sh shape, tl timeline, owners []owner, checks func(timeline) []che
 		}
 
 		p := load.Profile{Name: "share", Endpoint: e.Endpoint, Duration: tl.runFor(), RequestTimeout: 30 * time.Second, Security: e.Security, Extend: mq.Extension()}
+		// the shares are between the owners' sessions as given: all of
+		// them, or the spec skips naming the target's session limit
+		var sizes []string
+		total := 0
+		for _, o := range owners {
+			sizes = append(sizes, fmt.Sprint(o.sessions))
+			total += o.sessions
+		}
+		if err := r.NeedSessions(strings.Join(sizes, "+"), total); err != nil {
+			return err
+		}
 		for _, o := range owners {
 			p.Sessions = append(p.Sessions, load.Sessions(o.sessions, o.user+"-", load.Session{
 				User: o.user, Password: o.password, Outstanding: deep,

@@ -104,11 +104,15 @@ func wakeup(name string, cond toxics.Condition, workers int, groupBy string, w s
 // (sessionsOpened judges it) and reports the load's figures under prefix.
 func drive(ctx context.Context, r *scenario.Run, prefix string, p load.Profile) error {
 	p.Security = r.Env.Security
+	// a session refused at the target's session limit is an answer
+	// (counted apart), one refused below it a failure
+	p.MaxSessions = r.SessionLimit()
 	st, err := load.Run(ctx, r.Rec, p)
 	if err != nil {
 		return fmt.Errorf("run load %s: %w", p.Name, err)
 	}
 	r.Rec.Reading(history.ReadingSessionsFailed, float64(st.SessionsFailed))
+	r.Rec.Reading(history.ReadingSessionsAtLimit, float64(st.SessionsAtLimit))
 	r.AddFigures(prefix, st.Figures())
 	return nil
 }
@@ -166,6 +170,12 @@ func bursty(cond toxics.Condition) scenario.Scenario {
 // a request); the lost-wakeup fault stalled the pipeline within the first
 // shape at 2 s a shape.
 //
+// Each shape's sessions are sized to the target's session limit
+// (scenario.Run.SizeSessions): against a server with room for fewer
+// sessions than a shape opens (S2OPC's 20), the shape opens what the
+// limit leaves, named after it (64×1 becomes 18×1) and recorded; the
+// reference server's limit leaves every shape as it is.
+//
 // Progress is judged over the whole server: with one worker, 1 000
 // requests queue in one owner's FIFO in blocks of a session's pipeline,
 // so a session waits for the other sessions' blocks (≈ 900 requests,
@@ -176,9 +186,13 @@ func shapes(capacity string, workers int) func(toxics.Condition) scenario.Scenar
 	return func(cond toxics.Condition) scenario.Scenario {
 		return wakeup("shapes-"+capacity, cond, workers, check.ByRun, func(ctx context.Context, r *scenario.Run) error {
 			for _, shape := range []struct{ sessions, outstanding int }{{1, 200}, {10, 100}, {64, 1}} {
-				name := fmt.Sprintf("%dx%d", shape.sessions, shape.outstanding)
-				r.Rec.Mark("shape "+name, "")
-				p := load.Pipelined(r.Env.Endpoint, shape.sessions, shape.outstanding)
+				fit := r.SizeSessions(fmt.Sprintf("%dx%d", shape.sessions, shape.outstanding), shape.sessions)
+				if why := fit.Skip(1); why != "" {
+					return &scenario.Lacking{Reason: why}
+				}
+				name := fmt.Sprintf("%dx%d", fit.N, shape.outstanding)
+				r.Rec.Mark("shape "+name, fit.String())
+				p := load.Pipelined(r.Env.Endpoint, fit.N, shape.outstanding)
 				p.Name, p.Duration = name, 1500*time.Millisecond
 				for i := range p.Sessions {
 					p.Sessions[i].Name = fmt.Sprintf("%s-%02d", name, i)

@@ -30,6 +30,10 @@ type Security struct {
 	// with mode. SecurityPolicy None is always accepted on a channel (for
 	// discovery), whatever Offers says.
 	Offers func(policyURI string, mode ua.MessageSecurityMode) bool
+	// Trusts, when set, reports whether the client certificate (DER) is
+	// trusted; an untrusted one is refused at OpenSecureChannel with
+	// BadSecurityChecksFailed. Nil trusts every well-formed certificate.
+	Trusts func(cert []byte) bool
 }
 
 // offersPolicy reports whether any secured mode of policy is offered.
@@ -203,6 +207,11 @@ func (t *SecureTransport) readSecuredOpen(body []byte, policy string, senderCert
 	}
 	if _, err := clientKey(senderCert); err != nil {
 		return openRequest{}, t.fail(ua.StatusBadCertificateInvalid, err)
+	}
+	if !t.open && s.Trusts != nil && !s.Trusts(senderCert) {
+		// Part 4, 6.1.3 (trust list check); Part 6 answers a failed
+		// OpenSecureChannel check without saying which
+		return openRequest{}, t.fail(ua.StatusBadSecurityChecksFailed, errors.New("client certificate not in the trust list"))
 	}
 	if t.open && !bytes.Equal(senderCert, t.sec.clientCert) {
 		return openRequest{}, t.fail(ua.StatusBadCertificateInvalid, errors.New("Renew with another client certificate"))
