@@ -154,7 +154,7 @@ var (
 		requires: []string{"service-time"}, standard: &standardCPU,
 		catches: []catalog.Fault{catalog.FaultUnweighted}}
 	// standardCPU is cpuBound on a target without Busy: Reads of
-	// standardItems values of the Server object's ServerStatus
+	// standardItems scalar values of the Server object's ServerStatus
 	// (load.StandardRead), which every server has. Each costs the server
 	// standardItems lookups and encodings and the driver one decode, so
 	// the server, not the driver, saturates (the row's figures
