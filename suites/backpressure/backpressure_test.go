@@ -648,7 +648,7 @@ var _ = Describe("Backpressure", spec.Property(property), func() {
 	}, spec.SoakTimeout(2*time.Minute))
 
 	// catches fault lost-response (deep-exactly-once: lost responses)
-	// catches fault retain-memory (deep-backpressure: a leak)
+	// catches fault retain-memory (deep-backpressure: retained, a leak or retention from one load)
 	// catches fault late-resume (deep-backpressure: resumes late)
 	// catches fault crypto-in-gate, under SignAndEncrypt (deep-stall: stalled channels)
 	DescribeTable("serves 10 sessions × 1000 outstanding Reads without errors, channel faults or stalls, in bounded memory", func(ctx SpecContext, cond toxics.Condition) {
@@ -667,7 +667,7 @@ var _ = Describe("Backpressure", spec.Property(property), func() {
 	DescribeTable("keeps answering one session's pipeline of long and short Reads while a long one runs (resumes reading by its low mark)", h.Scenario(refill),
 		spec.Entries([]toxics.Condition{toxics.Baseline}, refillCatches, SpecTimeout(time.Minute)))
 
-	// catches fault retain-memory (slow-backpressure: a leak)
+	// catches fault retain-memory (slow-backpressure: retained, a leak or retention from one load)
 	DescribeTable("stops reading from a throttled reader and answers its pipeline exactly once when it catches up", func(ctx SpecContext, cond toxics.Condition) {
 		exp := gmeasure.NewExperiment("slow reader")
 		AddReportEntry(exp.Name, exp)

@@ -113,6 +113,32 @@ type shape struct {
 	// cpuBound: the request burns server CPU, so under a CPU limit the
 	// server must use that limit (saturation precondition).
 	cpuBound bool
+	// requires are the capabilities the request needs of the target
+	// ("service-time" for the test nodes).
+	requires []string
+	// standard is the shape to run instead on a target without the
+	// test nodes (nil: none, the spec skips naming the nodes).
+	standard *shape
+}
+
+// on returns the shape that runs on p: sh, or its standard-node shape
+// where p lacks the test nodes sh needs (Busy; a worker-bound shape has
+// none and skips).
+func (sh shape) on(p target.Profile) shape {
+	if sh.standard != nil && p.Requires(sh.requires...) != "" {
+		return *sh.standard
+	}
+	return sh
+}
+
+// nodes is "standard" for a shape that reads only the standard address
+// space, else "test": the history's label "nodes" and the row's figure
+// <spec>.nodes_standard (report.StandardNodes) say which ran.
+func (sh shape) nodes() string {
+	if len(sh.requires) == 0 {
+		return "standard"
+	}
+	return "test"
 }
 
 // secured are the conditions of the rows under SignAndEncrypt (nightly
@@ -125,6 +151,16 @@ var (
 	// and the proxy are not (at 200 µs they are, on 2 cores).
 	// Ignored weights (unweighted) show in either shape.
 	cpuBound = shape{name: "cpu-bound", request: load.BusyRead(time.Millisecond), cpuBound: true,
+		requires: []string{"service-time"}, standard: &standardCPU,
+		catches: []catalog.Fault{catalog.FaultUnweighted}}
+	// standardCPU is cpuBound on a target without Busy: Reads of
+	// standardItems scalar values of the Server object's ServerStatus
+	// (load.StandardRead), which every server has. Each costs the server
+	// standardItems lookups and encodings and the driver one decode, so
+	// the server, not the driver, saturates (the row's figures
+	// load.server_cpu_us_per_request and load.client_cpu_us_per_request
+	// measure both).
+	standardCPU = shape{name: "cpu-bound", request: load.StandardRead(standardItems), cpuBound: true,
 		catches: []catalog.Fault{catalog.FaultUnweighted}}
 	// workerBound requests hold a worker for 2 ms without CPU (Slow.2):
 	// the worker pool is the bottleneck and dispatches thousands of
@@ -133,9 +169,14 @@ var (
 	// rate would saturate the machine's two cores before the server
 	// (turn-stall skews heavy/light to 2.05–2.22; the CPU-bound spec does
 	// not see it, its 1 ms requests dwarf the 1 ms stall).
-	workerBound = shape{name: "worker-bound", request: load.SlowRead(2 * time.Millisecond),
+	workerBound = shape{name: "worker-bound", request: load.SlowRead(2 * time.Millisecond), requires: []string{"service-time"},
 		catches: []catalog.Fault{catalog.FaultUnweighted, catalog.FaultTurnStall}}
 )
+
+// standardItems is the number of values a standard CPU-bound Read asks
+// for: far below any server's MaxNodesPerRead (S2OPC 5000, the reference
+// server 10 000, open62541 none).
+const standardItems = 100
 
 // isolationCatches are the faults the isolation spec's baseline row must
 // catch. Its owners are of equal weight with unequal session counts (the
@@ -236,8 +277,14 @@ func runShare(sh shape, tl timeline, owners []owner, checks func(timeline) []che
 // any), on a target with caps.
 func share(name string, cond toxics.Condition, sh shape, tl timeline, owners []owner, checks func(timeline) []check.Spec, caps ...string) scenario.Scenario {
 	s := scenario.Scenario{
-		Property: property, Name: name, Condition: cond, Requires: caps,
+		Property: property, Name: name, Condition: cond, Requires: append(caps, sh.requires...),
+		Labels: map[string]string{"nodes": sh.nodes()},
 		Checks: checks(tl), Workload: runShare(sh, tl, owners, checks),
+	}
+	run := s.Workload
+	s.Workload = func(ctx context.Context, r *scenario.Run) error {
+		r.Figures[name+"."+report.StandardNodes] = b2f(sh.nodes() == "standard")
+		return run(ctx, r)
 	}
 	if tl.nemesis {
 		s.Schedule = tl.runFor() - 5*time.Second
@@ -313,9 +360,12 @@ func assumptions(name string, cond toxics.Condition, sh shape, tl timeline, owne
 // the target's weighted owners (the reference server's heavy:3,light:1,
 // or OPCUA_CHAOS_WEIGHTS) with the same sessions and pipelines; the
 // median heavy/light ratio of the valid windows must be within 1/6 of the
-// weight ratio (2.5–3.5 for 1:3). It needs configured weights,
-// service-time nodes (Busy.<µs>, Slow.<ms>) and users.
+// weight ratio (2.5–3.5 for 1:3).
+// It needs configured weights and users; the worker-bound shape needs
+// Slow.<ms> nodes, the CPU-bound one runs on Busy.<µs> or, without it, on
+// standard nodes.
 func weighted(cond toxics.Condition, sh shape, tl timeline) scenario.Scenario {
+	sh = sh.on(h.Setup.Target)
 	heavy, light, want, _ := h.Setup.Target.Weighted()
 	name := "weighted-" + sh.name
 	checks := func(tl timeline) []check.Spec {
@@ -332,7 +382,7 @@ func weighted(cond toxics.Condition, sh shape, tl timeline) scenario.Scenario {
 	return share(name, cond, sh, tl, []owner{
 		{heavy.Name, heavy.Password, 4},
 		{light.Name, light.Password, 4},
-	}, checks, "weights", "service-time", "users")
+	}, checks, "weights", "users")
 }
 
 // weightedCI is the weighted scenario of sh under a condition, over the
@@ -343,9 +393,10 @@ func weightedCI(sh shape) func(toxics.Condition) scenario.Scenario {
 
 // isolation keeps a flooding owner from starving another of equal weight
 // (the target's first two users of equal weight, flood and victim): the
-// flood has 8 sessions, the victim 2, CPU-bound. It needs service-time
-// nodes and users.
+// flood has 8 sessions, the victim 2, CPU-bound (Busy.<µs> or, without it,
+// standard nodes). It needs users.
 func isolation(cond toxics.Condition, flood, victim target.User) scenario.Scenario {
+	cpuBound := cpuBound.on(h.Setup.Target)
 	// min/max of two equal owners ≥ 0.8 is the 0.8–1.25
 	// band; the victim is served in every window.
 	checks := func(tl timeline) []check.Spec {
@@ -361,7 +412,14 @@ func isolation(cond toxics.Condition, flood, victim target.User) scenario.Scenar
 	return share("isolation", cond, cpuBound, ciRun, []owner{
 		{flood.Name, flood.Password, 8},
 		{victim.Name, victim.Password, 2},
-	}, checks, "service-time", "users")
+	}, checks, "users")
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 var _ = Describe("Fairness", spec.Property(property), func() {
