@@ -12,6 +12,10 @@ TARGET        ?= reference
 # LABEL_FILTER='security:sign-encrypt && condition:baseline' runs every
 # property under SignAndEncrypt.
 LABEL_FILTER  ?= !soak && !nightly
+# FOCUS narrows the run, beside LABEL_FILTER, to the specs whose full text
+# matches the regular expression (Ginkgo's --focus); a row's reproduce
+# command sets it when its run had a focus.
+FOCUS         ?=
 RUN           ?= $(shell date -u +%Y%m%d-%H%M%S)
 SEED          ?=
 # SOAK is the run length of the soak specs (a Go duration, 1m to 24h;
@@ -29,7 +33,7 @@ BIN           := .bin
 CHAOS         := $(BIN)/chaos
 REPORTS       := reports
 
-export TARGET OPCUA_ENDPOINT STRICT SOAK
+export TARGET OPCUA_ENDPOINT STRICT SOAK FOCUS
 
 # No --fail-on-empty: a label filter may select specs of some suites only.
 # `chaos table` fails a run whose filter selected no spec in any suite.
@@ -44,6 +48,11 @@ GINKGO_FLAGS += --label-filter '$(LABEL_FILTER)'
 endif
 ifneq ($(SEED),)
 GINKGO_FLAGS += --seed $(SEED)
+endif
+# from the environment (exported above), so that a regular expression
+# needs no quoting for make
+ifneq ($(FOCUS),)
+GINKGO_FLAGS += --focus "$$FOCUS"
 endif
 ifeq ($(CI),true)
 GINKGO_FLAGS += --no-color
@@ -81,7 +90,7 @@ $(CHAOS):
 # nothing failed but rows were not judged. It writes it to
 # reports/<run>/exit-code, since make itself exits 2 on any failure.
 # The HTML page comes last and never changes the exit status.
-chaos: $(CHAOS) ## run all suites against TARGET (LABEL_FILTER, SEED, STRICT) and print the summary
+chaos: $(CHAOS) ## run all suites against TARGET (LABEL_FILTER, FOCUS, SEED, STRICT) and print the summary
 	@rm -f $(REPORTS)/$(RUN)/exit-code
 	@OPCUA_CHAOS_RUN=$(RUN) OPCUA_CHAOS_LABEL_FILTER='$(LABEL_FILTER)' OPCUA_CHAOS_SUITES="$(SUITE_NAMES)" $(CHAOS) preflight
 	@ci/step.sh "compiling the suites" go tool ginkgo build -r ./suites/...

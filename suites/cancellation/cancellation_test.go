@@ -417,7 +417,7 @@ func probe(ctx context.Context, e *env.Env, rec *history.Recorder, reading strin
 		}
 		start := time.Now()
 		if _, err := uaclient.ReadValue(ctx, c, uaclient.ServerStatusState); err != nil {
-			readErr = fmt.Errorf("probe read: %w", err)
+			readErr = scenario.Step("probe read", "Read "+uaclient.ServerStatusState.String()+" (ServerStatus.State)", err)
 			return
 		}
 		rec.Reading(history.ReadingName(reading), float64(time.Since(start))/float64(time.Millisecond))

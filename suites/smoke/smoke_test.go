@@ -100,6 +100,10 @@ func closeSession(ctx context.Context, c *uaclient.Client) {
 	_ = c.Close(cctx)
 }
 
+// readServerState is the request of a workload step that reads
+// ServerStatus.State, which every server has (scenario.Step).
+var readServerState = "Read " + uaclient.ServerStatusState.String() + " (ServerStatus.State)"
+
 // undoCtx is the context of an undo deferred by a workload: 10 s, also
 // once ctx has ended.
 func undoCtx(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -113,7 +117,7 @@ func medianReadLatency(ctx context.Context, exp *gmeasure.Experiment, name strin
 	for i := 0; i < n && time.Now().Before(deadline); i++ {
 		begin := time.Now()
 		if _, err := uaclient.ReadValue(ctx, c, uaclient.ServerStatusState); err != nil {
-			return 0, fmt.Errorf("read %d of %s: %w", i+1, name, err)
+			return 0, scenario.Step(fmt.Sprintf("read %d of %s", i+1, name), readServerState, err)
 		}
 		exp.RecordDuration(name, time.Since(begin))
 	}
@@ -319,7 +323,7 @@ func resetPeer() scenario.Scenario {
 		}
 		defer closeSession(ctx, c)
 		if _, err := uaclient.ReadValue(ctx, c, uaclient.ServerStatusState); err != nil {
-			return fmt.Errorf("read before the reset: %w", err)
+			return scenario.Step("read before the reset", readServerState, err)
 		}
 
 		r.Rec.Mark("adding a reset_peer toxic", "")
