@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/machine"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/report"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
@@ -156,10 +158,12 @@ var (
 	// standardCPU is cpuBound on a target without Busy: Reads of
 	// standardItems scalar values of the Server object's ServerStatus
 	// (load.StandardRead), which every server has. Each costs the server
-	// standardItems lookups and encodings and the driver one decode, so
-	// the server, not the driver, saturates (the row's figures
-	// load.server_cpu_us_per_request and load.client_cpu_us_per_request
-	// measure both).
+	// standardItems lookups and encodings and the driver one decode (the
+	// row's figures load.server_cpu_us_per_request and
+	// load.client_cpu_us_per_request measure both). A server faster than
+	// the driver at this (open62541 45 µs a request against the driver's
+	// 29 µs) does not fill its 1-core limit on a 2-core machine: the
+	// calibration lowers the limit until it does (runShare).
 	standardCPU = shape{name: "cpu-bound", request: load.StandardRead(standardItems), cpuBound: true,
 		catches: []catalog.Fault{catalog.FaultUnweighted}}
 	// workerBound requests hold a worker for 2 ms without CPU (Slow.2):
@@ -206,10 +210,16 @@ type owner struct {
 // number of them were quiet (scenario.MeasureQuiet, judged with the bounds of
 // tl's quiet assumption), at most as long again: windows the host
 // disturbed are left out of the shares, and the spec is judged on quiet
-// ones. The run's checks (checks of tl, planned before the load) are then
-// replaced (Run.Check, by name) by checks of the timeline with the windows
-// the load covered.
-func runShare(sh shape, tl timeline, owners []owner, checks func(timeline) []check.Spec) scenario.Workload {
+// ones. A CPU-bound shape under a CPU limit calibrates it first
+// (watch.SaturateCPU, in the warm-up): a server that did not use 0.9 of
+// its limit, the driver on a machine it shares setting the pace, gets
+// 0.75 of what it used, and the judged windows start capSettle after
+// that (the load runs as much longer); the limits and the use measured
+// are readings, and the row's figures <name>.cpu_cap, .cpu_cap_from and
+// .cpu_cap_used. The run's checks (checks of tl, planned before the load)
+// are then replaced (Run.Check, by name) by checks of the timeline with
+// the windows the load covered.
+func runShare(name string, sh shape, tl timeline, owners []owner, checks func(timeline) []check.Spec) scenario.Workload {
 	return func(ctx context.Context, r *scenario.Run) error {
 		e, rec, cond := r.Env, r.Rec, r.Scenario.Condition
 		mq := scenario.NewMeasureQuiet(rec, tl.quiet(), tl.windows)
@@ -224,8 +234,22 @@ func runShare(sh shape, tl timeline, owners []owner, checks func(timeline) []che
 			}
 			rec.Mark("measure-cpu-cap", fmt.Sprintf("server limited to %.2f of %d cores so that the load driver and the proxy keep one", float64(n)/1e9, runtime.NumCPU()))
 		}
+		ext := mq.Extension()
+		var sat *watch.Saturator
+		if limit := cpuLimit(cond, sh); limit > 0 && e.Server != nil {
+			// The server must saturate its limit for the shares to judge
+			// its scheduler: a server faster than the driver on this
+			// machine gets a lower one (calibrate), and the judged
+			// windows start once the owners' shares have settled under
+			// it (mq.Shift), the load running that much longer.
+			sat = watch.SaturateCPU(ctx, e, rec, watch.SaturateConfig{Limit: limit})
+			ext = calibrated(ext, sat, mq, tl)
+		}
 
-		p := load.Profile{Name: "share", Endpoint: e.Endpoint, Duration: tl.runFor(), RequestTimeout: 30 * time.Second, Security: e.Security, Extend: mq.Extension()}
+		p := load.Profile{Name: "share", Endpoint: e.Endpoint, Duration: tl.runFor(), RequestTimeout: 30 * time.Second, Security: e.Security, Extend: ext}
+		if sat != nil {
+			p.Started = sat.Started
+		}
 		// the shares are between the owners' sessions as given: all of
 		// them, or the spec skips naming the target's session limit
 		var sizes []string
@@ -244,6 +268,11 @@ func runShare(sh shape, tl timeline, owners []owner, checks func(timeline) []che
 			})...)
 		}
 		mon := watch.MonitorServer(ctx, e, rec)
+		defer func() {
+			if sat != nil {
+				_, _ = sat.Stop() // an early return's; its error is the return's
+			}
+		}()
 		var nodes []string
 		for _, o := range owners {
 			nodes = append(nodes, "Owner."+o.user+".Queued", "Owner."+o.user+".Emptied", "Owner."+o.user+".Dispatched")
@@ -266,10 +295,59 @@ func runShare(sh shape, tl timeline, owners []owner, checks func(timeline) []che
 		}
 		r.AddFigures("", watch.LoadFigures("", st, us))
 		r.Figures[report.HostExtended] = float64(mq.Extended())
+		if sat != nil {
+			res, err := sat.Stop()
+			if err != nil {
+				return err
+			}
+			r.Figures[name+"."+report.CPUCap] = watch.Cores(res.Cap)
+			r.Figures[name+"."+report.CPUCapFrom] = watch.Cores(res.From)
+			r.Figures[name+"."+report.CPUCapUsed] = res.Used
+			tl.warmup += capShift(res, tl)
+		}
 		tl.windows = mq.Windows()
 		r.Check(checks(tl)...) // same names: replaced in place
 		return nil
 	}
+}
+
+// capSettle is how long the owners' shares are given to settle under a
+// CPU limit a calibration lowered before the judged windows start: the
+// same as under the first limit (they settle within 0.5 s, see ciRun).
+const capSettle = 500 * time.Millisecond
+
+// capShiftMax bounds how much later than planned the judged windows may
+// start after a calibration (its measurement, the engine's update and
+// capSettle, ~1.3 s after the load started): the load's extension grows
+// by it.
+const capShiftMax = 3 * time.Second
+
+// capShift is how much later than planned the judged windows start when
+// a calibration lowered the limit: capSettle after the new limit took
+// effect (0 when it stood).
+func capShift(res watch.Saturation, tl timeline) time.Duration {
+	if !res.Changed() {
+		return 0
+	}
+	return min(max(res.At+capSettle-tl.warmup, 0), capShiftMax)
+}
+
+// calibrated returns the load's extension x with a calibration sat: the
+// load goes on while it is pending, and once it has lowered the limit,
+// until the planned windows, moved after it (mq.Shift), have ended.
+func calibrated(x machine.Extension, sat *watch.Saturator, mq *scenario.MeasureQuiet, tl timeline) machine.Extension {
+	more := x.More
+	var once sync.Once
+	x.More = func() bool {
+		res, done := sat.Result()
+		if !done {
+			return true
+		}
+		once.Do(func() { mq.Shift(capShift(res, tl)) })
+		return more()
+	}
+	x.Max += capShiftMax
+	return x
 }
 
 // share is the scenario of a share run named name under cond: the checks
@@ -279,7 +357,7 @@ func share(name string, cond toxics.Condition, sh shape, tl timeline, owners []o
 	s := scenario.Scenario{
 		Property: property, Name: name, Condition: cond, Requires: append(caps, sh.requires...),
 		Labels: map[string]string{"nodes": sh.nodes()},
-		Checks: checks(tl), Workload: runShare(sh, tl, owners, checks),
+		Checks: checks(tl), Workload: runShare(name, sh, tl, owners, checks),
 	}
 	run := s.Workload
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
@@ -311,6 +389,19 @@ func measureCap(cond toxics.Condition, sh shape) int64 {
 		return 0
 	}
 	return int64(runtime.NumCPU()-1) * 1e9
+}
+
+// cpuLimit is the CPU limit, in nano-CPUs, in force on the server when a
+// share run of sh under cond starts: the condition's, or measureCap's (0:
+// none). Only a CPU-bound shape is judged against it.
+func cpuLimit(cond toxics.Condition, sh shape) int64 {
+	if !sh.cpuBound {
+		return 0
+	}
+	if cond.NanoCPUs > 0 {
+		return cond.NanoCPUs
+	}
+	return measureCap(cond, sh)
 }
 
 // assumptions are the checks a share run rests on, judged before the
@@ -345,16 +436,30 @@ func assumptions(name string, cond toxics.Condition, sh shape, tl timeline, owne
 	if c := measureCap(cond, sh); c > 0 && h.Setup.Target.Kind == target.Container {
 		limit = float64(c) / 1e9
 	}
-	// The driver had CPU to spare: a client-bound run measured it.
-	out = append(out, scenario.Headroom(limit), tl.quiet())
+	// The driver had CPU to spare over the judged windows (a client-bound
+	// run measured it), against the server's limit then in force: the
+	// one the run recorded (a calibration's), else limit.
+	headroom := scenario.Headroom(limit)
+	hc := headroom.Config.(check.HeadroomConfig)
+	hc.Span, hc.ServerLimit = tl.judged(), history.ReadingCPULimit
+	headroom.Config = hc
+	out = append(out, headroom, tl.quiet())
 	if sh.cpuBound && limit > 0 {
+		// the share of the limit in force over the judged windows, as the
+		// run recorded it (at the start, and when a calibration lowered it)
 		out = append(out, check.Assume(name+"-saturated", check.ReadingsConfig{
-			Reading: history.ReadingCPU, Stat: check.StatRate, Min: check.Bound(0.8 * limit),
-			What: fmt.Sprintf("cores the server used of its %.2f limit", limit),
+			Span:    tl.judged(),
+			Reading: history.ReadingCPU, Stat: check.StatRate, Per: history.ReadingCPULimit, Min: check.Bound(minSaturation),
+			What: "share of its CPU limit the server used over the judged windows",
 		}))
 	}
 	return out
 }
+
+// minSaturation is the share of its CPU limit a server serving CPU-bound
+// requests must use over the judged windows for its shares to say
+// anything about its scheduler.
+const minSaturation = 0.8
 
 // weighted is the weighted scenario: the heaviest and the lightest of
 // the target's weighted owners (the reference server's heavy:3,light:1,
