@@ -277,6 +277,40 @@ func TestFaultCancelTotal(t *testing.T) {
 	}
 }
 
+// TestFaultCancelWrongHandle: a Cancel naming a queued request's handle
+// cancels it (CancelCount 1, the Read answered
+// BadRequestCancelledByClient); with cancel-wrong-handle it cancels
+// nothing (CancelCount 0) and the Read runs once the worker is free.
+func TestFaultCancelWrongHandle(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
+			endpoint, srv := startServer(t, Config{Workers: 1, Faults: Faults{catalog.FaultCancelWrongHandle: on}})
+			c := connect(t, endpoint, asUser(t, endpoint, "user1", "password"))
+			running := occupyWorker(t, srv, c, 300)
+			queued := asyncRead(c, slowRead(1))
+			waitFor(t, "a queued request", func() bool { return len(queuedHandles(srv)) == 1 })
+			r, err := sendSvc(t, c, &ua.CancelRequest{RequestHandle: queuedHandles(srv)[0]})
+			if err != nil {
+				t.Fatalf("Cancel: %v", err)
+			}
+			count := r.(*ua.CancelResponse).CancelCount
+			qerr := waitErr(t, queued, "queued read")
+			if err := waitErr(t, running, "running read"); err != nil {
+				t.Fatalf("running read: %v", err)
+			}
+			if !on {
+				if count != 1 || !errors.Is(qerr, ua.StatusBadRequestCancelledByClient) {
+					t.Fatalf("CancelCount %d, queued read %v; want 1 and BadRequestCancelledByClient", count, qerr)
+				}
+				return
+			}
+			if count != 0 || qerr != nil {
+				t.Fatalf("CancelCount %d, queued read %v; want 0 and the read served", count, qerr)
+			}
+		})
+	}
+}
+
 // TestFaultSessionsNeverExpire: a session idle past its 200 ms timeout is
 // closed (BadSessionIdInvalid afterwards); with sessions-never-expire it
 // stays open and serves the next Read.

@@ -440,8 +440,14 @@ func (s *Server) cancel(cn *conn, r *ua.CancelRequest, now time.Time) ua.Respons
 	// Queued requests with that handle complete now, exactly once, with
 	// BadRequestCancelledByClient (before this response: same writer);
 	// running ones finish normally.
+	handle := r.RequestHandle
+	if s.cfg.Faults.Has(catalog.FaultCancelWrongHandle) {
+		// Fault cancel-wrong-handle: the Cancel's own handle, which no
+		// queued request of the session carries.
+		handle = r.RequestHeader.RequestHandle
+	}
 	n := s.cancelQueued(cn, func(j *job) bool {
-		return j.sess == sess && j.handle == r.RequestHandle
+		return j.sess == sess && j.handle == handle
 	}, ua.StatusBadRequestCancelledByClient)
 	total := s.stats.cancelled.Add(int64(n))
 	count := uint32(n)

@@ -111,6 +111,13 @@ const (
 	// cancelled requests as CancelCount instead of the number this Cancel
 	// removed.
 	FaultCancelTotal Fault = "cancel-running-total"
+	// FaultCancelWrongHandle makes Cancel look for the queued requests
+	// whose RequestHandle is the Cancel request's own (its
+	// RequestHeader.RequestHandle) instead of the one it names
+	// (CancelRequest.RequestHandle): it never finds one, so it cancels
+	// nothing and answers Good with CancelCount 0. Every request runs as
+	// if no Cancel had come; the cancel storm reads not exercised.
+	FaultCancelWrongHandle Fault = "cancel-wrong-handle"
 	// FaultSessionsNeverExpire never closes a session whose timeout
 	// passed without a request: abandoned sessions pile up.
 	FaultSessionsNeverExpire Fault = "sessions-never-expire"
@@ -178,7 +185,7 @@ var AllFaults = []Fault{
 	FaultSlowLeak, FaultTrickleLeak,
 	FaultRepublishForgets, FaultNoReactivate, FaultTransferDrops,
 	FaultLateResume, FaultCryptoInGate,
-	FaultPerSessionOwners, FaultCancelTotal, FaultSessionsNeverExpire,
+	FaultPerSessionOwners, FaultCancelTotal, FaultCancelWrongHandle, FaultSessionsNeverExpire,
 	FaultSkippedSequence, FaultDuplicateSamples, FaultLateResumeSilent,
 	FaultNoByteBudget, FaultLoginHoldsRequests, FaultChunksPerChannelOnly,
 	FaultItemQueuesUnbounded, FaultLongSessionStrings,

@@ -20,6 +20,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/report"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/secure"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
@@ -101,45 +102,45 @@ var cancellers = []canceller{
 }
 
 // delay draws the session's CancelAfter from l, the median latency of its
-// reads before the storm: within 20 ms of sending (still queued), at
-// 0.05–0.25 l (queued behind others), 0.3–0.7 of the service time before l
-// (the median request is running) or l ± 10 % of the service time (racing
-// the response; after completion no Cancel is sent).
-func (c canceller) delay(rng *rand.Rand, l time.Duration) time.Duration {
+// reads before the storm, and s, a read's service time: within sl's
+// dispatch window of sending (still queued), at 0.05–0.25 l (queued behind
+// others), 0.3–0.7 of s before l (the median request is running) or l ±
+// 10 % of s (racing the response; after completion no Cancel is sent).
+func (c canceller) delay(rng *rand.Rand, sl stormLoad, l, s time.Duration) time.Duration {
 	switch c.aim {
 	case "before-dispatch":
-		return time.Duration(rng.Int64N(int64(20 * time.Millisecond)))
+		return time.Duration(rng.Int64N(int64(sl.dispatchWindow(l))))
 	case "queued":
 		return time.Duration(float64(l) * (0.05 + 0.2*rng.Float64()))
 	case "running":
-		return l - time.Duration(float64(service)*(0.3+0.4*rng.Float64()))
+		return l - time.Duration(float64(s)*(0.3+0.4*rng.Float64()))
 	default: // completing
-		return l - service/10 + time.Duration(rng.Int64N(int64(service/5)))
+		return l - s/10 + time.Duration(rng.Int64N(int64(max(s/5, 1))))
 	}
 }
 
-// stormSessions returns the storm's sessions named prefix00…, without
-// Cancels: anonymous ones keep stormOutstanding slow reads in flight, those
-// with an owner of their own (a user of t) one.
-func stormSessions(t target.Profile, prefix string) []load.Session {
-	out := load.Sessions(len(cancellers), prefix, load.Session{Outstanding: stormOutstanding, Requests: []load.Request{load.SlowRead(service)}})
+// stormSessions returns the storm's sessions named prefix00…, reading sl's
+// request without Cancels: anonymous ones keep sl.outstanding reads in
+// flight, those with an owner of their own (a user of t) sl.own.
+func stormSessions(t target.Profile, sl stormLoad, prefix string) []load.Session {
+	out := load.Sessions(len(cancellers), prefix, load.Session{Outstanding: sl.outstanding, Requests: []load.Request{sl.read}})
 	for i, c := range cancellers {
 		if c.user < 0 {
 			continue
 		}
 		if u, err := t.User(c.user); err == nil {
-			out[i].User, out[i].Password, out[i].Outstanding = u.Name, u.Password, 1
+			out[i].User, out[i].Password, out[i].Outstanding = u.Name, u.Password, sl.own
 		}
 	}
 	return out
 }
 
-// medianLatency returns the median latency of the ok slow reads of session
-// that completed in w.
-func medianLatency(h history.History, session string, w history.Window) time.Duration {
+// medianLatency returns the median latency of the ok reads of kind of
+// session that completed in w.
+func medianLatency(h history.History, kind history.Kind, session string, w history.Window) time.Duration {
 	var ls []time.Duration
 	for op := range h.AllOps() {
-		if op.Kind == history.KindSlowRead && op.Session == session && op.Outcome == history.OK && w.Contains(op.Complete) {
+		if op.Kind == kind && op.Session == session && op.Outcome == history.OK && w.Contains(op.Complete) {
 			ls = append(ls, op.Latency())
 		}
 	}
@@ -202,6 +203,12 @@ const (
 	// raceWorkers), so most of them are still queued when it is closed.
 	backlogDepth = 24
 	raceWorkers  = "8"
+	// raceStandardWorkers is the reference server's pool on standard
+	// reads (the quirk no-test-nodes): with eight a Read of a thousand
+	// values was dispatched as it arrived, and no closed session had a
+	// Read queued at its close (closed-session: 0 refused of 37
+	// outstanding).
+	raceStandardWorkers = "1"
 )
 
 // kindVictim marks the reads of victim sessions, judged apart from the
@@ -476,8 +483,9 @@ var catches = []catalog.Fault{catalog.FaultCancelLeak, catalog.FaultCancelDouble
 // stormCatches adds, for the cancel storm, a CancelCount that is not the
 // number of requests the Cancel removed (the server's running total):
 // exactly-once compares each session's CancelCounts with its requests
-// answered BadRequestCancelledByClient.
-var stormCatches = append(slices.Clone(catches), catalog.FaultCancelTotal)
+// answered BadRequestCancelledByClient; and a Cancel that never cancels
+// (it looks for the wrong handle): storm-exercised reads not exercised.
+var stormCatches = append(slices.Clone(catches), catalog.FaultCancelTotal, catalog.FaultCancelWrongHandle)
 
 // ciIndex is cond's index in toxics.CI(): it separates the random draws of
 // the specs of each condition, which share the suite seed.
@@ -512,64 +520,88 @@ func startNemesis(ctx context.Context, r *scenario.Run, total time.Duration) (wa
 	return nemesis.RunSchedule(ctx, r.Target, r.Rec, steps)
 }
 
-// stormExactlyOnce is every slow read of the cancel storm answered exactly
-// once, and every Cancel's CancelCount the number of requests it removed.
-var stormExactlyOnce = check.Spec{Name: "storm-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindSlowRead}, RequireCancels: true}}
+// stormExactlyOnce is every read of the cancel storm (of kind) answered
+// exactly once, and every Cancel's CancelCount the number of requests it
+// removed.
+func stormExactlyOnce(kind history.Kind) check.Spec {
+	return check.Spec{Name: "storm-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{kind}, RequireCancels: true}}
+}
 
-// stormChecks are the cancel storm's checks once its phases ran: the
+// stormExercised is the storm's exercise: its Cancels took effect on at
+// least stormMinShare of the reads (of kind) they found in flight, or the
+// storm reads not exercised (check.CancelEffect), its other checks' pass
+// trivial.
+func stormExercised(kind history.Kind) check.Spec {
+	return check.Spec{Name: "storm-exercised", Config: check.CancelEffectConfig{Kinds: []history.Kind{kind}, MinShare: stormMinShare}}
+}
+
+// stormChecks are the cancel storm's checks once its phases ran on sl: the
 // measured windows before, during and after the storm, the burst from
-// tBurst; the storm's goodput unless it ran under a nemesis schedule.
-// waited is the highest median latency of a session's slow reads before
-// the storm: below 2 × service no read waited for another's service time,
-// and the goodput is not judged (goodputUnjudged).
-func stormChecks(before, during, after history.Window, tBurst time.Duration, scheduled bool, waited time.Duration) []check.Spec {
-	slow := []history.Kind{history.KindSlowRead}
+// tBurst; the storm's goodput unless it ran under a nemesis schedule or
+// on standard reads.
+// waited is the highest median latency of a session's reads before the
+// storm, s a read's service time: below 2 × s no read waited for
+// another's, and the goodput is not judged (goodputUnjudged).
+func stormChecks(sl stormLoad, before, during, after history.Window, tBurst time.Duration, scheduled bool, waited, s time.Duration) []check.Spec {
+	reads := []history.Kind{sl.kind}
 	var beforeSessions []string
 	for i := range cancellers {
 		beforeSessions = append(beforeSessions, fmt.Sprintf("before-%02d", i))
 	}
-	checks := []check.Spec{
+	var checks []check.Spec
+	if !sl.standard {
 		// The cancel offsets are drawn from these latencies: a slow read
 		// that does not take its service time aims them nowhere.
-		check.Assume("storm-slow-reads", check.MedianLatencyConfig{Span: check.Span{From: before.Start, To: before.End}, Kinds: slow, Sessions: beforeSessions, Min: service}),
+		checks = append(checks, check.Assume("storm-slow-reads", check.MedianLatencyConfig{Span: check.Span{From: before.Start, To: before.End}, Kinds: reads, Sessions: beforeSessions, Min: service}))
+	}
+	checks = append(checks, []check.Spec{
 		sessionsOpened("storm-sessions"),
-		stormExactlyOnce,
+		stormExactlyOnce(sl.kind),
+		stormExercised(sl.kind),
 		check.Spec{Name: "storm-errors", Config: check.ErrorBudgetConfig{
 			Span:  check.Span{To: tBurst},
-			Kinds: []history.Kind{history.KindSlowRead, history.KindCancel, history.KindSession},
+			Kinds: []history.Kind{sl.kind, history.KindCancel, history.KindSession},
 			// a rejection in the storm is leaked capacity too
 			Allowed: check.Codes{ua.StatusBadRequestCancelledByClient}, Drained: check.Codes{},
 		}},
-		check.Spec{Name: "storm-recovery", Config: check.RecoveryConfig{Baseline: before, Recovered: after, Kinds: slow, MinRatio: minRatio}},
-		check.Spec{Name: "storm-burst", Config: check.ErrorBudgetConfig{Span: check.Span{From: tBurst}, Kinds: slow, Drained: check.Codes{}}},
-	}
-	if !scheduled {
+		check.Spec{Name: "storm-recovery", Config: check.RecoveryConfig{Baseline: before, Recovered: after, Kinds: reads, MinRatio: minRatio}},
+		check.Spec{Name: "storm-burst", Config: check.ErrorBudgetConfig{Span: check.Span{From: tBurst}, Kinds: reads, Drained: check.Codes{}}},
+	}...)
+	if !scheduled && !sl.standard {
 		// Cancelled requests must not take the workers' time. Under a
 		// nemesis schedule the storm's own throughput says nothing: the
-		// schedule starves the server on purpose.
-		goodput := check.Spec{Name: "storm-goodput", Config: check.RecoveryConfig{Baseline: before, Recovered: during, Kinds: slow, MinRatio: minRatio}}
-		if waited < 2*service {
-			goodput = goodputUnjudged(waited)
+		// schedule starves the server on purpose. On standard reads
+		// neither: a Read of a thousand values costs the server (and
+		// the client and proxy beside it, on the same cores) its
+		// transport and decoding whether it is cancelled or not, and a
+		// session whose every Read is cancelled at once sends the next
+		// at once, so the storm's goodput falls by construction (the
+		// reference server under no-test-nodes: 401 → 121 ops/s, 1 009
+		// of 1 423 Reads cancelled while queued, 96.6 % of those
+		// targeted).
+		goodput := check.Spec{Name: "storm-goodput", Config: check.RecoveryConfig{Baseline: before, Recovered: during, Kinds: reads, MinRatio: minRatio}}
+		if waited < 2*s {
+			goodput = goodputUnjudged(waited, s)
 		}
 		checks = append(checks, goodput)
 	}
 	return checks
 }
 
-// goodputUnjudged is storm-goodput on a server whose slow reads did not
-// queue before the storm (the highest median latency of a session,
-// waited, under two service times): such a server serves every read at
-// once (open62541's asynchronous reads each wait on a timer of their
+// goodputUnjudged is storm-goodput on a server whose reads did not queue
+// before the storm (the highest median latency of a session, waited,
+// under two service times s): such a server serves every read at once
+// (open62541's asynchronous slow reads each wait on a timer of their
 // own), so a cancelled read frees no capacity for the others, and the
 // storm's goodput falls by the reads it cancels, by construction (with
 // this suite's cancellers, from 180 to about 84 ops/s on such a server:
 // storm-goodput measured 82 on open62541 1.5.7). NOT JUDGED, saying so.
-func goodputUnjudged(waited time.Duration) check.Spec {
+func goodputUnjudged(waited, s time.Duration) check.Spec {
 	return check.Spec{Name: "storm-goodput", Config: check.ReadingsConfig{
 		Reading: "storm.goodput", Required: true,
 		What: "the storm's goodput over before",
-		Unavailable: fmt.Sprintf("the slow reads did not queue at the server before the storm (highest median latency of a session %v, under 2 × the %v service time): it serves them all at once, a cancelled read frees no capacity for others, and the goodput falls by the reads cancelled whatever the server does",
-			waited.Round(time.Millisecond), service),
+		Unavailable: fmt.Sprintf("the reads did not queue at the server before the storm (highest median latency of a session %v, under 2 × the %v service time): it serves them all at once, a cancelled read frees no capacity for others, and the goodput falls by the reads cancelled whatever the server does",
+			waited.Round(time.Millisecond), s.Round(time.Microsecond)),
 	}}
 }
 
@@ -579,23 +611,26 @@ func goodputUnjudged(waited time.Duration) check.Spec {
 // queue. Every request is answered exactly once, no capacity leaks (no
 // rejection, throughput after ≥ minRatio × before) and, without nemesis,
 // the storm's goodput holds too. stream separates the random draws of the
-// specs that share the suite seed; exp measures the phases. It needs slow
-// reads (Slow.<ms>) and Cancel of the target; storm sessions get owners of
-// their own where the target has users, and share the anonymous owner
-// where not.
+// specs that share the suite seed; exp measures the phases. It needs
+// Cancel of the target (a server without it skips naming it), and reads
+// Slow.<ms> where the target has it, else many standard nodes in deep
+// pipelines (stormLoad); storm sessions get owners of their own where the
+// target has users, and share the anonymous owner where not. Its Cancels
+// must take effect on a share of the requests they find in flight
+// (storm-exercised), else the row reads not exercised.
 //
 // The schedule runs during the storm only, not beside the whole workload
 // (Scenario.Schedule): the phase before it is the baseline the Cancels
 // are aimed from and the recovery is judged against.
 func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, scheduled bool, exp *gmeasure.Experiment) scenario.Scenario {
+	sl := newStormLoad(h.Setup.Target, h.Setup.Probe.Reported(maxNodesPerReadName))
 	s := scenario.Scenario{
-		// Cancel first: a server without it skips naming it.
-		Property: property, Name: "storm", Condition: cond, Requires: []string{"cancel", "service-time"},
+		Property: property, Name: "storm", Condition: cond, Requires: []string{"cancel"},
 		// The counts, planned before the load: a run that ends before
 		// its judgement (its timeout, an interrupt) saves its history
 		// judged by them. The others are known once the phases ran
 		// (stormChecks).
-		Checks: []check.Spec{sessionsOpened("storm-sessions"), stormExactlyOnce},
+		Checks: []check.Spec{sessionsOpened("storm-sessions"), stormExactlyOnce(sl.kind), stormExercised(sl.kind)},
 	}
 	if isReference() {
 		s.Server = referenceStorm
@@ -628,21 +663,26 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 		if err := r.NeedSessions("storm", len(cancellers)); err != nil {
 			return err
 		}
-		rec.Mark(fmt.Sprintf("reading slow reads (%s) on %d sessions without cancels", service, len(cancellers)), "")
-		tBefore, err := phase("before", phaseFor, stormSessions(e.Target, "before-"))
+		rec.SetLabel("storm.load", sl.what)
+		r.Figures["storm."+report.StandardNodes] = b2f(sl.standard)
+		rec.Mark(fmt.Sprintf("%s on %d sessions without cancels", sl.what, len(cancellers)), "")
+		tBefore, err := phase("before", phaseFor, stormSessions(e.Target, sl, "before-"))
 		if err != nil {
 			return err
 		}
 		before := history.Window{Start: tBefore + settle, End: tBefore + phaseFor}
 
 		rec.Mark("cancelling before dispatch, while queued, while running and at completion", "")
-		storm := stormSessions(e.Target, "storm-")
+		storm := stormSessions(e.Target, sl, "storm-")
+		svc := sl.serviceTime(rec.History(), before)
+		r.Figures["storm.service_ms"] = float64(svc) / float64(time.Millisecond)
 		var waited time.Duration
 		for i, c := range cancellers {
-			// judged by the assumption storm-slow-reads
-			l := medianLatency(rec.History(), fmt.Sprintf("before-%02d", i), before)
+			// judged by the assumption storm-slow-reads (Slow) and
+			// storm-exercised
+			l := medianLatency(rec.History(), sl.kind, fmt.Sprintf("before-%02d", i), before)
 			waited = max(waited, l)
-			storm[i].CancelEvery, storm[i].CancelAfter = c.every, c.delay(rng, l)
+			storm[i].CancelEvery, storm[i].CancelAfter = c.every, c.delay(rng, sl, l, svc)
 			rec.SetLabel("cancel."+storm[i].Name, fmt.Sprintf("%s: every %d after %s (median latency before %s)", c.aim, c.every, storm[i].CancelAfter, l))
 			r.Figures[fmt.Sprintf("storm.cancel.%s.after_ms", storm[i].Name)] = float64(storm[i].CancelAfter) / float64(time.Millisecond)
 			r.Figures[fmt.Sprintf("storm.cancel.%s.median_before_ms", storm[i].Name)] = float64(l) / float64(time.Millisecond)
@@ -663,8 +703,8 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 		removed(nil)
 		during := history.Window{Start: tStorm + settle, End: tStorm + stormFor}
 
-		rec.Mark("reading the same slow reads again", "")
-		tAfter, err := phase("after", phaseFor, stormSessions(e.Target, "after-"))
+		rec.Mark("reading the same reads again", "")
+		tAfter, err := phase("after", phaseFor, stormSessions(e.Target, sl, "after-"))
 		if err != nil {
 			return err
 		}
@@ -672,7 +712,7 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 
 		rec.Mark(fmt.Sprintf("bursting %d × %d requests that fit in the queue", burstSessions, burstDepth), "")
 		tBurst, err := phase("burst", burstFor, load.Sessions(burstSessions, "burst-", load.Session{
-			Outstanding: burstDepth, MaxRequests: burstDepth, Requests: []load.Request{load.SlowRead(burstService)},
+			Outstanding: burstDepth, MaxRequests: burstDepth, Requests: []load.Request{sl.burst},
 		}))
 		if err != nil {
 			return err
@@ -694,7 +734,7 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 				r.Figures["storm.cancel."+aim+".cancelled"] += float64(op.Count)
 			}
 		}
-		r.Check(stormChecks(before, during, after, tBurst, scheduled, waited)...)
+		r.Check(stormChecks(sl, before, during, after, tBurst, scheduled, waited, svc)...)
 		return nil
 	}
 	return s
@@ -801,8 +841,14 @@ func races(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 		Checks: raceCounted(cond),
 	}
 	if isReference() {
-		// a known pool, so the backlog closer's pipeline queues
-		s.Server = map[string]string{"OPCUA_WORKERS": raceWorkers}
+		// a known pool, so the backlog closer's pipeline queues: on
+		// standard reads, which take a worker a fraction of a
+		// millisecond, a small one
+		workers := raceWorkers
+		if !h.Setup.Target.ServiceTime {
+			workers = raceStandardWorkers
+		}
+		s.Server = map[string]string{"OPCUA_WORKERS": workers}
 	}
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
 		return race(ctx, r, cond, exp)
@@ -839,6 +885,7 @@ func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmea
 		return err
 	}
 	rec.SetLabel("race.load", rl.what)
+	r.Figures["race."+report.StandardNodes] = b2f(rl.standard)
 	// The backlog closer (below) has an owner of its own, the target's
 	// second user, where it has one; where the target counts its owners'
 	// dispatches, a diagnostics session reads that count. It is open
