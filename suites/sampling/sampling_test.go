@@ -47,10 +47,11 @@ const (
 // sampler that never samples some items, a subscription that skips a
 // sequence number (every 50th: the specs see about 70 notification
 // messages, one per publishing interval over warmup, judged span and
-// tail) and a server that queues a sample twice (the sampling check fails
-// on duplicates).
+// tail), a server that queues a sample twice (the sampling check fails
+// on duplicates) and one that grants 10 ms but samples at the publishing
+// interval (interval not kept).
 var catches = []catalog.Fault{catalog.FaultSamplingDrift, catalog.FaultPublishDrop, catalog.FaultSamplerSkips,
-	catalog.FaultSkippedSequence, catalog.FaultDuplicateSamples}
+	catalog.FaultSkippedSequence, catalog.FaultDuplicateSamples, catalog.FaultSampleAtPublish}
 
 // subscription labels the driver's subscription in the history (its
 // Publish ops and listed sequence numbers).
