@@ -199,7 +199,8 @@
 // BadServerHalted. Fault switches (Config.Faults, OPCUA_FAULTS) reproduce
 // known bugs on demand; see the Fault constants (sampling-drift,
 // sampler-skips, publish-drop, republish-forgets, transfer-drops,
-// skipped-sequence and duplicate-samples are the subscription ones;
+// skipped-sequence, duplicate-samples and sample-at-publish are the
+// subscription ones;
 // per-session-owners keys the fair queue by session instead of user,
 // cancel-running-total answers Cancel with a running total,
 // cancel-wrong-handle matches Cancel against its own handle (it cancels

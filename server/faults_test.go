@@ -453,3 +453,63 @@ func TestFaultDuplicateSamples(t *testing.T) {
 		})
 	}
 }
+
+// TestFaultSampleAtPublish: an item of SampledCounter.0 asked for at 10 ms
+// in a subscription publishing every 100 ms is answered 10 ms either way;
+// its samples come about 10 ms apart, with sample-at-publish about 100 ms
+// apart, each one more than the last (the counter still counts samples).
+func TestFaultSampleAtPublish(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
+			endpoint, _ := startServer(t, Config{Counters: 4, Faults: Faults{catalog.FaultSampleAtPublish: on}})
+			c := connect(t, endpoint)
+			r, err := sendSvc(t, c, &ua.CreateSubscriptionRequest{RequestedPublishingInterval: 100, RequestedMaxKeepAliveCount: 100, RequestedLifetimeCount: 1000, PublishingEnabled: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sub := r.(*ua.CreateSubscriptionResponse).SubscriptionID
+			r, err = sendSvc(t, c, &ua.CreateMonitoredItemsRequest{
+				SubscriptionID: sub, TimestampsToReturn: ua.TimestampsToReturnSource,
+				ItemsToCreate: []*ua.MonitoredItemCreateRequest{{
+					ItemToMonitor:       &ua.ReadValueID{NodeID: counter("SampledCounter.0"), AttributeID: ua.AttributeIDValue, DataEncoding: &ua.QualifiedName{}},
+					MonitoringMode:      ua.MonitoringModeReporting,
+					RequestedParameters: &ua.MonitoringParameters{ClientHandle: 1, SamplingInterval: 10, QueueSize: 100, DiscardOldest: true, Filter: ua.NewExtensionObject(nil)},
+				}},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res := r.(*ua.CreateMonitoredItemsResponse).Results[0]; res.StatusCode != ua.StatusOK || res.RevisedSamplingInterval != 10 {
+				t.Fatalf("CreateMonitoredItems: %v, revised %v ms, want 10", res.StatusCode, res.RevisedSamplingInterval)
+			}
+			var vals []*ua.DataValue
+			for deadline := time.Now().Add(5 * time.Second); len(vals) < 12 && time.Now().Before(deadline); {
+				r, err := sendSvc(t, c, &ua.PublishRequest{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, d := range r.(*ua.PublishResponse).NotificationMessage.NotificationData {
+					if dc, ok := d.Value.(*ua.DataChangeNotification); ok {
+						for _, mi := range dc.MonitoredItems {
+							vals = append(vals, mi.Value)
+						}
+					}
+				}
+			}
+			if len(vals) < 12 {
+				t.Fatalf("%d samples in 5 s", len(vals))
+			}
+			// after the initial sample: the sampler's
+			vals = vals[1:]
+			for i := 1; i < len(vals); i++ {
+				if prev, v := vals[i-1].Value.Value().(int64), vals[i].Value.Value().(int64); v != prev+1 {
+					t.Fatalf("value %d after %d: the counter must move by one per sample", v, prev)
+				}
+			}
+			period := vals[len(vals)-1].SourceTimestamp.Sub(vals[0].SourceTimestamp) / time.Duration(len(vals)-1)
+			if want := map[bool]time.Duration{false: 10 * time.Millisecond, true: 100 * time.Millisecond}[on]; period < want*8/10 || period > want*13/10 {
+				t.Fatalf("samples every %v, want about %v", period, want)
+			}
+		})
+	}
+}

@@ -47,6 +47,7 @@ func (s *Server) newSubscriptions() {
 		SkipSequenceEvery:    SkipSequenceEvery,
 		DuplicateSamples:     s.cfg.Faults.Has(catalog.FaultDuplicateSamples),
 		DuplicateSampleEvery: DuplicateSampleEvery,
+		SampleAtPublish:      s.cfg.Faults.Has(catalog.FaultSampleAtPublish),
 
 		MinSamplingInterval: s.minSamplingInterval(),
 

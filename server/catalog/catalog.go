@@ -129,6 +129,14 @@ const (
 	// a monitored item twice: the client receives a notification the item
 	// never had (the same value and source timestamp again).
 	FaultDuplicateSamples Fault = "duplicate-samples"
+	// FaultSampleAtPublish grants the sampling interval a client asks for
+	// (CreateMonitoredItems and ModifyMonitoredItems answer it revised as
+	// usual) but samples the item at its subscription's publishing
+	// interval when that is longer: at 10 ms asked and 100 ms publishing,
+	// one sample in ten. Each sample is a real one (a SampledCounter still
+	// moves by one per sample): the sampler is slow, the counter is a
+	// counter.
+	FaultSampleAtPublish Fault = "sample-at-publish"
 	// FaultLateResumeSilent is FaultLateResume in a server that publishes
 	// no channel counters (the Channel.* diagnostics nodes are absent), so
 	// only the client side can see the late resume.
@@ -186,7 +194,7 @@ var AllFaults = []Fault{
 	FaultRepublishForgets, FaultNoReactivate, FaultTransferDrops,
 	FaultLateResume, FaultCryptoInGate,
 	FaultPerSessionOwners, FaultCancelTotal, FaultCancelWrongHandle, FaultSessionsNeverExpire,
-	FaultSkippedSequence, FaultDuplicateSamples, FaultLateResumeSilent,
+	FaultSkippedSequence, FaultDuplicateSamples, FaultSampleAtPublish, FaultLateResumeSilent,
 	FaultNoByteBudget, FaultLoginHoldsRequests, FaultChunksPerChannelOnly,
 	FaultItemQueuesUnbounded, FaultLongSessionStrings,
 	FaultIdleAfterOpen, FaultSessionsOutliveChannels, FaultUnactivatedRefuse,

@@ -15,6 +15,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/subscribe"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
@@ -27,6 +28,14 @@ const property = "sampling"
 var h = spec.Bootstrap()
 
 func TestSampling(t *testing.T) { spec.RunSuite(t, property) }
+
+// b2f is 1 for true.
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
 
 const (
 	// interval is 100 Hz sampling (the o6 criterion).
@@ -47,10 +56,11 @@ const (
 // sampler that never samples some items, a subscription that skips a
 // sequence number (every 50th: the specs see about 70 notification
 // messages, one per publishing interval over warmup, judged span and
-// tail) and a server that queues a sample twice (the sampling check fails
-// on duplicates).
+// tail), a server that queues a sample twice (the sampling check fails
+// on duplicates) and one that grants 10 ms but samples at the publishing
+// interval (interval not kept).
 var catches = []catalog.Fault{catalog.FaultSamplingDrift, catalog.FaultPublishDrop, catalog.FaultSamplerSkips,
-	catalog.FaultSkippedSequence, catalog.FaultDuplicateSamples}
+	catalog.FaultSkippedSequence, catalog.FaultDuplicateSamples, catalog.FaultSampleAtPublish}
 
 // subscription labels the driver's subscription in the history (its
 // Publish ops and listed sequence numbers).
@@ -75,10 +85,47 @@ func openSession(ctx context.Context, endpoint string, opts ...uaclient.Option) 
 	}, nil
 }
 
-// sampledNode returns the node of the i-th sampled counter of a target
-// whose counters are named by pattern (target.Profile.SampleNode).
-func sampledNode(pattern string) func(i int) *ua.NodeID {
-	return func(i int) *ua.NodeID { return ua.MustParseNodeID(fmt.Sprintf(pattern, i)) }
+// stream is what the specs subscribe to and how its samples are counted
+// (target.Profile.Sampled): a counter that moves by one per sample,
+// counted by its values (check.ByCounter: the samples the server took),
+// or a node the server updates at 100 Hz or faster, counted by its
+// samples' source timestamps (check.BySource: a sample per interval, no
+// sample twice; a missing one not taken or not delivered, which the
+// timestamps do not tell).
+type stream struct {
+	// node is the i-th item's node.
+	node func(i int) *ua.NodeID
+	mode string
+	// standard says the node is of the standard address space (ns=0):
+	// the table names the specs that ran on standard nodes.
+	standard bool
+	// on says what the items are, for the history.
+	on string
+}
+
+// streamOf returns the stream of target p; Requires("sampling") made sure
+// it has one.
+func streamOf(p target.Profile) (stream, error) {
+	pattern, isCounter, ok := p.Sampled()
+	if !ok {
+		return stream{}, fmt.Errorf("target %s has nothing to sample: %s", p.Name, p.Requires("sampling"))
+	}
+	first, err := target.NodeOf(pattern, 0)
+	if err != nil {
+		return stream{}, fmt.Errorf("node %q of target %s: %w", pattern, p.Name, err)
+	}
+	st := stream{
+		node: func(i int) *ua.NodeID {
+			n, _ := target.NodeOf(pattern, i) // parsed at 0: every index parses
+			return n
+		},
+		mode: check.ByCounter, standard: first.Namespace() == 0,
+		on: fmt.Sprintf("counters %s, counted by value", pattern),
+	}
+	if !isCounter {
+		st.mode, st.on = check.BySource, fmt.Sprintf("fast node %s, counted by source timestamp", pattern)
+	}
+	return st, nil
 }
 
 // nemesisSchedule samples 1024 items at 10 ms through a seeded nemesis
@@ -99,15 +146,18 @@ func nemesisSchedule(runFor time.Duration, profile func(ctx context.Context, at 
 		grace = time.Second
 	)
 	span := check.Span{From: warmup, To: runFor - window, Window: window}
+	itemsCheck := func(mode string) check.Spec {
+		return check.Spec{Name: "nemesis-items", Config: check.SamplingConfig{
+			Span: span, Interval: interval, Mode: mode, BySourceTime: true, MinFraction: check.DefaultMinFraction,
+			Excuse: []string{"*"}, Grace: grace,
+		}}
+	}
 	s := scenario.Scenario{
 		Property: property, Name: "nemesis", Condition: toxics.Scheduled, Requires: []string{"sampling"},
 		Schedule: runFor - 5*time.Second,
 		Labels:   map[string]string{"items": fmt.Sprint(items)},
 		Checks: []check.Spec{
-			{Name: "nemesis-items", Config: check.SamplingConfig{
-				Span: span, Interval: interval, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.99,
-				Excuse: []string{"*"}, Grace: grace,
-			}},
+			itemsCheck(check.ByCounter),
 			{Name: "nemesis-publish", Config: check.ErrorBudgetConfig{
 				Span: check.Span{From: warmup, To: runFor - window}, Kinds: []history.Kind{history.KindPublish},
 				Excuse: []string{"*"}, Grace: grace,
@@ -124,6 +174,12 @@ func nemesisSchedule(runFor time.Duration, profile func(ctx context.Context, at 
 		},
 	}
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
+		sm, err := streamOf(r.Env.Profile())
+		if err != nil {
+			return err
+		}
+		r.Check(itemsCheck(sm.mode))
+		r.Rec.Mark("sampled", sm.on)
 		c, closeSession, err := openSession(ctx, r.Env.Endpoint)
 		if err != nil {
 			return fmt.Errorf("open session: %w", err)
@@ -133,7 +189,7 @@ func nemesisSchedule(runFor time.Duration, profile func(ctx context.Context, at 
 		defer heap()
 		st, err := subscribe.Run(ctx, r.Rec, c, subscribe.Config{
 			Client: subscription, Items: items,
-			Node: sampledNode(r.Env.Profile().SampleNode), Sampling: interval, Publishing: publishing,
+			Node: sm.node, Sampling: interval, Publishing: publishing,
 			Outstanding: 4, Duration: runFor,
 		})
 		if err != nil {
@@ -145,13 +201,13 @@ func nemesisSchedule(runFor time.Duration, profile func(ctx context.Context, at 
 	return s
 }
 
-// samplingChecks are the checks of a subscription to items sampled
-// counters, judged over span.
-func samplingChecks(items int, span check.Span) []check.Spec {
+// samplingChecks are the checks of a subscription to items of a stream
+// counted by mode (check.ByCounter, check.BySource), judged over span.
+func samplingChecks(items int, span check.Span, mode string) []check.Spec {
 	return []check.Spec{
 		{Name: fmt.Sprintf("items-%d", items), Config: check.SamplingConfig{
 			Span:     span,
-			Interval: interval, Mode: check.ByCounter, BySourceTime: true, MinFraction: 0.99,
+			Interval: interval, Mode: mode, BySourceTime: true, MinFraction: check.DefaultMinFraction,
 		}},
 		{Name: fmt.Sprintf("items-%d-publish", items), Config: check.ErrorBudgetConfig{
 			// Publish requests still out when the run ends are
@@ -183,22 +239,29 @@ func samplingChecks(items int, span check.Span) []check.Spec {
 }
 
 // delivers returns the scenario, under a condition, that delivers ≥ 99 %
-// of the samples of each of items sampled counters at 10 ms: the
-// subscription runs over warmup and 5 judged windows of a second. Windows
-// the host disturbed are left out of the fractions: the subscription goes
-// on until 5 were quiet, at most 5 more, and the checks are judged over
-// the windows it covered (samplingChecks, revised once the subscription
+// of the samples of each of items items at 10 ms, of the target's
+// sampled counters or else its fast node (streamOf): the subscription
+// runs over warmup and 5 judged windows of a second. Windows the host
+// disturbed are left out of the fractions: the subscription goes on until
+// 5 were quiet, at most 5 more, and the checks are judged over the
+// windows it covered (samplingChecks, revised once the subscription
 // ended, whatever ended it).
 func delivers(items int) func(toxics.Condition) scenario.Scenario {
 	return func(cond toxics.Condition) scenario.Scenario {
 		span := check.Span{From: warmup, To: warmup + judged, Count: 5}
-		// Both specs subscribe to the target's sampled counters.
 		s := scenario.Scenario{
 			Property: property, Name: fmt.Sprintf("items-%d", items), Condition: cond, Requires: []string{"sampling"},
 			Labels: map[string]string{"items": fmt.Sprint(items)},
-			Checks: samplingChecks(items, span),
+			Checks: samplingChecks(items, span, check.ByCounter),
 		}
 		s.Workload = func(ctx context.Context, r *scenario.Run) error {
+			sm, err := streamOf(r.Env.Profile())
+			if err != nil {
+				return err
+			}
+			r.Check(samplingChecks(items, span, sm.mode)...)
+			r.Rec.Mark("sampled", sm.on)
+			r.Figures[s.Name+"."+report.StandardNodes] = b2f(sm.standard)
 			// windows the host disturbed are left out of the fractions:
 			// the subscription goes on until 5 were quiet, at most 5 more
 			mq := scenario.NewMeasureQuiet(r.Rec, scenario.QuietFine(span), span.Count)
@@ -206,7 +269,7 @@ func delivers(items int) func(toxics.Condition) scenario.Scenario {
 			// known once it ended: planned up front over the first 5,
 			// revised on every way out, so that a run cut short keeps
 			// the windows it covered with its evidence.
-			defer func() { r.Check(samplingChecks(items, mq.Span(span))...) }()
+			defer func() { r.Check(samplingChecks(items, mq.Span(span), sm.mode)...) }()
 
 			c, closeSession, err := openSession(ctx, r.Env.Endpoint, uaclient.Security(r.Env.Security))
 			if err != nil {
@@ -219,7 +282,7 @@ func delivers(items int) func(toxics.Condition) scenario.Scenario {
 			// without one.
 			st, err := subscribe.Run(ctx, r.Rec, c, subscribe.Config{
 				Client: subscription, Items: items,
-				Node: sampledNode(r.Env.Profile().SampleNode), Sampling: interval, Publishing: publishing,
+				Node: sm.node, Sampling: interval, Publishing: publishing,
 				// 0.5 s after the judged span: its last samples are
 				// published within a publishing interval (100 ms) and
 				// a link's 2×(20±5) ms

@@ -23,7 +23,7 @@ type MonitoredItem struct {
 
 	// Guarded by the session's mutex (changed by services only).
 	clientHandle uint32
-	interval     time.Duration // revised sampling interval; sampler group key
+	interval     time.Duration // the interval the sampler runs it at (its revised sampling interval but under the sample-at-publish fault); sampler group key
 	mode         ua.MonitoringMode
 	charged      int64 // bytes charged to the manager's budget for the queue
 

@@ -13,8 +13,9 @@
 // items of a group), PublishDrop (silently drop Publish requests beyond a
 // small number per session), RepublishForgets (retain only the last
 // message), SkippedSequence (never use every SkipSequenceEvery-th sequence
-// number) and DuplicateSamples (queue every DuplicateSampleEvery-th sample
-// twice).
+// number), DuplicateSamples (queue every DuplicateSampleEvery-th sample
+// twice) and SampleAtPublish (grant the sampling interval asked for, sample
+// at the publishing interval).
 //
 // The package knows nothing about channels or sessions of the server: a
 // caller keys a Session by any comparable value and passes a respond
@@ -162,6 +163,10 @@ type Options struct {
 	// DuplicateSampleEvery is DuplicateSamples' period
 	// (DefaultDuplicateSampleEvery).
 	DuplicateSampleEvery int64
+	// SampleAtPublish is the sample-at-publish fault: an item is answered
+	// its revised sampling interval as usual but sampled at its
+	// subscription's publishing interval when that is longer.
+	SampleAtPublish bool
 }
 
 // orDefault sets *p to v when it is not above zero.
@@ -476,6 +481,18 @@ func (m *Manager) releaseItem(it *MonitoredItem) {
 // Fault returns a ServiceFault answering req with code.
 func (m *Manager) Fault(req ua.Request, code ua.StatusCode) *ua.ServiceFault {
 	return &ua.ServiceFault{ResponseHeader: m.header(req, code)}
+}
+
+// samplerInterval is the interval the sampler runs an item at whose
+// revised sampling interval is revised, in a subscription publishing
+// every publishing: revised, or under the sample-at-publish fault the
+// publishing interval when that is longer (the client is still answered
+// revised).
+func (m *Manager) samplerInterval(revised, publishing time.Duration) time.Duration {
+	if m.opts.SampleAtPublish {
+		return max(revised, publishing)
+	}
+	return revised
 }
 
 // dupEvery is the duplicate-samples fault's period, 0 when it is off.

@@ -431,7 +431,7 @@ func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Res
 				attr:          attr,
 				read:          read,
 				clientHandle:  c.RequestedParameters.ClientHandle,
-				interval:      iv,
+				interval:      m.samplerInterval(iv, sub.interval),
 				mode:          c.MonitoringMode,
 				handle:        c.RequestedParameters.ClientHandle,
 				ts:            r.TimestampsToReturn,
@@ -451,7 +451,7 @@ func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Res
 			s.items++
 			if it.mode != ua.MonitoringModeDisabled {
 				it.Sample(st)
-				m.sampler.Add(it, iv)
+				m.sampler.Add(it, it.interval)
 			}
 			res.MonitoredItemID = it.id
 			res.RevisedSamplingInterval = durMillis(iv)
@@ -495,11 +495,12 @@ func (s *Session) ModifyMonitoredItems(r *ua.ModifyMonitoredItemsRequest) ua.Res
 			if m.opts.Budget != nil {
 				it.charged = cost
 			}
-			if iv != it.interval && it.mode != ua.MonitoringModeDisabled {
+			run := m.samplerInterval(iv, sub.interval)
+			if run != it.interval && it.mode != ua.MonitoringModeDisabled {
 				m.sampler.Remove(it, it.interval)
-				m.sampler.Add(it, iv)
+				m.sampler.Add(it, run)
 			}
-			it.interval = iv
+			it.interval = run
 			it.clientHandle = c.RequestedParameters.ClientHandle
 			it.mu.Lock()
 			it.handle = it.clientHandle
