@@ -48,6 +48,10 @@ func (s *Server) newSubscriptions() {
 		DuplicateSamples:     s.cfg.Faults.Has(catalog.FaultDuplicateSamples),
 		DuplicateSampleEvery: DuplicateSampleEvery,
 
+		RepublishNext:          s.cfg.Faults.Has(catalog.FaultRepublishNext),
+		KeepAliveConsumesSeq:   s.cfg.Faults.Has(catalog.FaultKeepAliveConsumesSeq),
+		TransferNoStatusChange: s.cfg.Faults.Has(catalog.FaultTransferNoStatusChange),
+
 		MinSamplingInterval: s.minSamplingInterval(),
 
 		MaxItemsPerCall:    s.cfg.MaxMonitoredItemsPerCall,

@@ -122,6 +122,21 @@ const (
 	// a monitored item twice: the client receives a notification the item
 	// never had (the same value and source timestamp again).
 	FaultDuplicateSamples Fault = "duplicate-samples"
+	// FaultKeepAliveConsumesSeq makes a keep-alive use up the sequence
+	// number it announces: the keep-alive carries number n and the next
+	// notification message n+1, so n is never sent (Part 4 5.14.1.1: a
+	// keep-alive carries the next number without consuming it).
+	FaultKeepAliveConsumesSeq Fault = "keepalive-consumes-seq"
+	// FaultTransferNoStatusChange sends no StatusChangeNotification
+	// Good_SubscriptionTransferred to the session a subscription left in
+	// TransferSubscriptions (Part 4 5.14.7.1): the old session's queued
+	// Publish requests are answered BadNoSubscription at once.
+	FaultTransferNoStatusChange Fault = "transfer-no-status-change"
+	// FaultRepublishNext answers Republish of sequence number n with the
+	// message after it (n+1) from the retransmission queue, and with
+	// BadMessageNotAvailable when n+1 is not kept (Part 4 5.14.6: the
+	// requested message).
+	FaultRepublishNext Fault = "republish-next"
 	// FaultLateResumeSilent is FaultLateResume in a server that publishes
 	// no channel counters (the Channel.* diagnostics nodes are absent), so
 	// only the client side can see the late resume.
@@ -177,6 +192,7 @@ var AllFaults = []Fault{
 	FaultSamplerSkips, FaultCloseRunsQueued, FaultLostResponse, FaultRetainMemory,
 	FaultSlowLeak, FaultTrickleLeak,
 	FaultRepublishForgets, FaultNoReactivate, FaultTransferDrops,
+	FaultKeepAliveConsumesSeq, FaultTransferNoStatusChange, FaultRepublishNext,
 	FaultLateResume, FaultCryptoInGate,
 	FaultPerSessionOwners, FaultCancelTotal, FaultSessionsNeverExpire,
 	FaultSkippedSequence, FaultDuplicateSamples, FaultLateResumeSilent,
