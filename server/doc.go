@@ -198,7 +198,8 @@
 // channel's queued requests. Stopping answers queued requests
 // BadServerHalted. Fault switches (Config.Faults, OPCUA_FAULTS) reproduce
 // known bugs on demand; see the Fault constants (sampling-drift,
-// sampler-skips, publish-drop, republish-forgets, transfer-drops,
+// sampler-skips, publish-drop, republish-forgets, republish-next,
+// transfer-drops, transfer-no-status-change, keepalive-consumes-seq,
 // skipped-sequence, duplicate-samples and sample-at-publish are the
 // subscription ones;
 // per-session-owners keys the fair queue by session instead of user,

@@ -209,3 +209,39 @@ func TestTransferSubscriptions(t *testing.T) {
 		}
 	}
 }
+
+// TestTransferNoStatusChangeFault: after TransferSubscriptions the old
+// session's Publish is answered with the StatusChangeNotification
+// Good_SubscriptionTransferred (Part 4 5.14.7.1); with
+// transfer-no-status-change it is answered BadNoSubscription at once.
+func TestTransferNoStatusChangeFault(t *testing.T) {
+	for _, fault := range []bool{false, true} {
+		endpoint, _ := startServer(t, Config{Counters: 4, Faults: Faults{catalog.FaultTransferNoStatusChange: fault}})
+		a := connect(t, endpoint, asUser(t, endpoint, "user1", "password"))
+		sub := subscribeCounter(t, a)
+		if dataMessage(t, a, sub) == nil {
+			t.Fatal("no data message")
+		}
+		b := connect(t, endpoint, asUser(t, endpoint, "user1", "password"))
+		r, err := sendSvc(t, b, &ua.TransferSubscriptionsRequest{SubscriptionIDs: []uint32{sub}})
+		if err != nil || r.(*ua.TransferSubscriptionsResponse).Results[0].StatusCode != ua.StatusOK {
+			t.Fatalf("transfer: %v %+v", err, r)
+		}
+		r, err = sendSvc(t, a, &ua.PublishRequest{})
+		if fault {
+			if !errors.Is(err, ua.StatusBadNoSubscription) {
+				t.Errorf("transfer-no-status-change: Publish on the old session = %v %+v, want BadNoSubscription", err, r)
+			}
+			continue
+		}
+		var change *ua.StatusChangeNotification
+		if err == nil {
+			if msg := r.(*ua.PublishResponse).NotificationMessage; msg != nil && len(msg.NotificationData) == 1 {
+				change, _ = msg.NotificationData[0].Value.(*ua.StatusChangeNotification)
+			}
+		}
+		if change == nil || change.Status != ua.StatusGoodSubscriptionTransferred {
+			t.Errorf("Publish on the old session = %v %+v, want the StatusChangeNotification GoodSubscriptionTransferred", err, r)
+		}
+	}
+}

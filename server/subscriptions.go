@@ -49,6 +49,10 @@ func (s *Server) newSubscriptions() {
 		DuplicateSampleEvery: DuplicateSampleEvery,
 		SampleAtPublish:      s.cfg.Faults.Has(catalog.FaultSampleAtPublish),
 
+		RepublishNext:          s.cfg.Faults.Has(catalog.FaultRepublishNext),
+		KeepAliveConsumesSeq:   s.cfg.Faults.Has(catalog.FaultKeepAliveConsumesSeq),
+		TransferNoStatusChange: s.cfg.Faults.Has(catalog.FaultTransferNoStatusChange),
+
 		MinSamplingInterval: s.minSamplingInterval(),
 
 		MaxItemsPerCall:    s.cfg.MaxMonitoredItemsPerCall,

@@ -137,6 +137,21 @@ const (
 	// moves by one per sample): the sampler is slow, the counter is a
 	// counter.
 	FaultSampleAtPublish Fault = "sample-at-publish"
+	// FaultKeepAliveConsumesSeq makes a keep-alive use up the sequence
+	// number it announces: the keep-alive carries number n and the next
+	// notification message n+1, so n is never sent (Part 4 5.14.1.1: a
+	// keep-alive carries the next number without consuming it).
+	FaultKeepAliveConsumesSeq Fault = "keepalive-consumes-seq"
+	// FaultTransferNoStatusChange sends no StatusChangeNotification
+	// Good_SubscriptionTransferred to the session a subscription left in
+	// TransferSubscriptions (Part 4 5.14.7.1): the old session's queued
+	// Publish requests are answered BadNoSubscription at once.
+	FaultTransferNoStatusChange Fault = "transfer-no-status-change"
+	// FaultRepublishNext answers Republish of sequence number n with the
+	// message after it (n+1) from the retransmission queue, and with
+	// BadMessageNotAvailable when n+1 is not kept (Part 4 5.14.6: the
+	// requested message).
+	FaultRepublishNext Fault = "republish-next"
 	// FaultLateResumeSilent is FaultLateResume in a server that publishes
 	// no channel counters (the Channel.* diagnostics nodes are absent), so
 	// only the client side can see the late resume.
@@ -192,6 +207,7 @@ var AllFaults = []Fault{
 	FaultSamplerSkips, FaultCloseRunsQueued, FaultLostResponse, FaultRetainMemory,
 	FaultSlowLeak, FaultTrickleLeak,
 	FaultRepublishForgets, FaultNoReactivate, FaultTransferDrops,
+	FaultKeepAliveConsumesSeq, FaultTransferNoStatusChange, FaultRepublishNext,
 	FaultLateResume, FaultCryptoInGate,
 	FaultPerSessionOwners, FaultCancelTotal, FaultCancelWrongHandle, FaultSessionsNeverExpire,
 	FaultSkippedSequence, FaultDuplicateSamples, FaultSampleAtPublish, FaultLateResumeSilent,

@@ -87,9 +87,12 @@ const subscription = "sub1"
 const closeTimeout = 10 * time.Second
 
 // catches are the reference server's recovery bugs the spec is aimed at
-// under baseline: a retransmission queue that forgets, a session that
-// cannot move channel, a transfer that loses the items.
-var catches = []catalog.Fault{catalog.FaultRepublishForgets, catalog.FaultNoReactivate, catalog.FaultTransferDrops}
+// under baseline: a retransmission queue that forgets, a Republish that
+// returns another message, a session that cannot move channel, a
+// transfer that loses the items or does not tell the old session, a
+// keep-alive that uses up its number.
+var catches = []catalog.Fault{catalog.FaultRepublishForgets, catalog.FaultRepublishNext, catalog.FaultNoReactivate,
+	catalog.FaultTransferDrops, catalog.FaultTransferNoStatusChange, catalog.FaultKeepAliveConsumesSeq}
 
 // readEvery is the soak client's pace: one Read at a time, this often.
 const readEvery = 100 * time.Millisecond
@@ -228,12 +231,46 @@ func pause(ctx context.Context, d time.Duration) {
 }
 
 // run runs sub's Publish loop on c in the background until stop; stop
-// returns the loop's error (the same on every call).
-func run(ctx context.Context, sub *reconnect.Subscription, c *reconnect.Client) (stop func() error) {
+// returns the loop's error (the same on every call); ended is closed when
+// the loop ended by itself (a Publish failed) or was stopped.
+func run(ctx context.Context, sub *reconnect.Subscription, c *reconnect.Client) (stop func() error, ended <-chan struct{}) {
 	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- sub.Run(ctx, c, outstanding) }()
-	return sync.OnceValue(func() error { cancel(); return <-done })
+	done := make(chan struct{})
+	var err error
+	go func() { err = sub.Run(ctx, c, outstanding); close(done) }()
+	return sync.OnceValue(func() error { cancel(); <-done; return err }), done
+}
+
+// statusWait is how long the spec keeps the old session publishing after
+// a transfer for the StatusChangeNotification Good_SubscriptionTransferred
+// (Part 4 5.14.7.1): twice sub's keep-alive period, at least
+// minStatusWait. A server that tells the old session answers its
+// outstanding Publish at once: the wait ends then.
+func statusWait(sub *reconnect.Subscription) time.Duration {
+	return max(minStatusWait, 2*sub.KeepAlivePeriod())
+}
+
+// minStatusWait is statusWait's floor.
+const minStatusWait = 2 * time.Second
+
+// awaitTold waits, at most wait, until session was told that sub left it
+// (reconnect.Subscription.Moved) or its Publish loop ended by itself (the
+// server answered BadNoSubscription), then stops the loop; it says what
+// happened, for the history's marks. The transfer-status check judges
+// the Publish ops.
+func awaitTold(ctx context.Context, sub *reconnect.Subscription, session string, stop func() error, ended <-chan struct{}, wait time.Duration) string {
+	start := time.Now()
+	what := "the session was told (Good_SubscriptionTransferred)"
+	select {
+	case <-sub.Moved(session):
+	case <-ended:
+		what = "its Publish loop ended"
+	case <-time.After(wait):
+		what = fmt.Sprintf("not told within %v", wait)
+	case <-ctx.Done():
+		what = "the spec ended"
+	}
+	return fmt.Sprintf("of the first session %s: %s after %v; loop: %v", session, what, time.Since(start).Round(time.Millisecond), stop())
 }
 
 // recovers returns the scenario, under cond, that takes its session to a
@@ -251,13 +288,16 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 	// (Run.Check). A run that ends before its judgement (its timeout, an
 	// interrupt) saves its history judged by these.
 	reactivation := check.Spec{Name: "reactivation", Config: check.ReactivationConfig{Faults: []string{faultPartition}, MaxDelay: maxReactivate}}
+	// The keep-alive check comes before the sequence check: a
+	// keep-alive that used up a number leaves the number missing there
+	// too, and is named first for what it is.
 	sequence := check.Spec{Name: "sequence", Config: check.SequenceConfig{Subscriptions: []string{subscription}}}
 	servesAgain := check.Spec{Name: "serves-again", Config: check.ServesAgainConfig{Faults: []string{faultKill}, Kinds: []history.Kind{history.KindRead}, MaxDelay: maxServe}}
 	s := scenario.Scenario{
 		Property: property, Name: "partition-transfer-kill", Condition: cond,
 		Requires: []string{"cpu-limit"},
 		Server:   serverSettings(),
-		Checks:   []check.Spec{reactivation, sequence, servesAgain},
+		Checks:   []check.Spec{reactivation, keepAliveCheck, sequence, servesAgain},
 	}
 	s.Workload = func(ctx context.Context, r *scenario.Run) (err error) {
 		if idErr != nil {
@@ -299,8 +339,14 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 		if sub.Sampling != sampling {
 			r.Rec.Mark("sampling-revised", fmt.Sprintf("%v requested, %v granted", sampling, sub.Sampling))
 		}
-		stop := run(ctx, sub, c1)
+		stop, ended := run(ctx, sub, c1)
 		defer func() { _ = stop() }()
+		stopQuiet, err := quietSubscription(ctx, r.Rec, cfg, r.Env.DirectEndpoint)
+		if err != nil {
+			return err
+		}
+		stopQuiet = sync.OnceValue(stopQuiet)
+		defer stopQuiet()
 		pace := warmUp(ctx, st, sub)
 		r.Rec.Mark("stream-pace", fmt.Sprintf("%d change(s) of the slowest item, one every %v; judged every %v, streamed %v after the transfer; %d data message(s)",
 			pace.Changes, pace.Period, pace.interval, pace.streamed, sub.Messages()))
@@ -335,7 +381,7 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 				return fmt.Errorf("take the subscription to the new session: %w", err)
 			}
 		}
-		stop = run(ctx, sub, c1)
+		stop, ended = run(ctx, sub, c1)
 		pause(ctx, settle)
 
 		r.Rec.Mark("republishing the messages the partition lost", "")
@@ -356,6 +402,7 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 		// closes
 		defer func() { _ = stop(); close2() }()
 		transferAt := r.Rec.Now()
+		wait := statusWait(sub)
 		// The transfer's answer is an op of the history, judged by the
 		// transfer check: a server without TransferSubscriptions
 		// (BadServiceUnsupported) leaves the stream on the first session
@@ -369,8 +416,12 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 			r.Rec.Mark("no-transfer", fmt.Sprintf("%v: the stream stays on the first session", err))
 			owner = c1
 		} else {
-			r.Rec.Mark("publish-loop", fmt.Sprintf("of the first session: %v", stop()))
-			stop = run(ctx, sub, c2)
+			// The first session keeps publishing until the server told
+			// it the subscription left (Part 4 5.14.7.1), while the new
+			// one publishes the stream.
+			old, oldEnded := stop, ended
+			stop, ended = run(ctx, sub, c2)
+			r.Rec.Mark("publish-loop", awaitTold(ctx, sub, c1.Session(), old, oldEnded, wait))
 		}
 		// Only a transferred stream is judged across the transfer: one
 		// that stayed runs for streamed, not for its pace's periods.
@@ -378,7 +429,7 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 		if owner == c1 {
 			ran = streamed
 		}
-		pause(ctx, ran)
+		pause(ctx, ran-(r.Rec.Now()-transferAt))
 		r.Rec.Mark("publish-loop", fmt.Sprintf("of the stream's session: %v", stop()))
 		if _, err := sub.Recover(ctx, owner); err != nil {
 			return fmt.Errorf("republish after the transfer: %w", err)
@@ -401,6 +452,7 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 			readAgain(ctx, owner, owner.Session()+"-again")
 		}
 		quietTo := r.Rec.Now()
+		r.Rec.Mark("quiet-subscription", "stopped before the kill: "+stopQuiet())
 		r.Rec.Mark("killing the server", fmt.Sprintf("with SIGKILL for %v and restarting it", down))
 		kill, err := nemesis.Inject(ctx, r.Target, r.Rec, nemesis.Kill(faultKill))
 		if err != nil {
@@ -426,6 +478,7 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 		r.Check(
 			transferStream(sub, st.mode, pace, check.Span{From: judgedFrom, To: transferAt + ran - 500*time.Millisecond}, id.skip),
 			servesBeforeKill(quietFrom, quietTo),
+			check.Spec{Name: "transfer-status", Config: check.TransferStatusConfig{Subscriptions: []string{sub.Label}, Wait: wait, Skip: id.skip}},
 			check.Spec{Name: "transfer-refusal", Config: check.TransferRefusalConfig{}},
 			quiet,
 		)

@@ -115,3 +115,77 @@ func TestDuplicateSamplesFault(t *testing.T) {
 		})
 	}
 }
+
+// TestKeepAliveConsumesSeqFault: after data messages 1 … 4 a keep-alive
+// (publishing disabled) announces 5 and the next data message is 5: the
+// keep-alive used up nothing. With KeepAliveConsumesSeq the keep-alive
+// carries 5 and the next data message is 6; 5 is never available.
+func TestKeepAliveConsumesSeqFault(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
+			h := newHarness(t, Options{KeepAliveConsumesSeq: on})
+			sub := h.createSub(50, 1, 100, 0)
+			h.createItems(sub, SampledCounterPrefix, 1, 10, 100)
+			const loops = 2 // the sampling group and the subscription
+			data := func() *ua.PublishResponse {
+				t.Helper()
+				h.publish(0)
+				p := asPublish(t, h.until(loops, 20))
+				if len(p.NotificationMessage.NotificationData) == 0 {
+					t.Fatalf("keep-alive %d, want a data message", p.NotificationMessage.SequenceNumber)
+				}
+				return p
+			}
+			for want := uint32(1); want <= 4; want++ {
+				if p := data(); p.NotificationMessage.SequenceNumber != want {
+					t.Fatalf("data message %d, want %d", p.NotificationMessage.SequenceNumber, want)
+				}
+			}
+			h.s.SetPublishingMode(&ua.SetPublishingModeRequest{RequestHeader: hdr(), SubscriptionIDs: []uint32{sub}, PublishingEnabled: false})
+			h.publish(0)
+			ka := asPublish(t, h.until(loops, 20))
+			if len(ka.NotificationMessage.NotificationData) != 0 || ka.NotificationMessage.SequenceNumber != 5 {
+				t.Fatalf("keep-alive carries %d (%d notifications), want 5", ka.NotificationMessage.SequenceNumber, len(ka.NotificationMessage.NotificationData))
+			}
+			h.s.SetPublishingMode(&ua.SetPublishingModeRequest{RequestHeader: hdr(), SubscriptionIDs: []uint32{sub}, PublishingEnabled: true})
+			next, avail := uint32(5), []uint32{1, 2, 3, 4, 5}
+			if on {
+				next, avail = 6, []uint32{1, 2, 3, 4, 6}
+			}
+			if p := data(); p.NotificationMessage.SequenceNumber != next || !eqU32(p.AvailableSequenceNumbers, avail) {
+				t.Fatalf("data message %d, available %v after the keep-alive; want %d, %v", p.NotificationMessage.SequenceNumber, p.AvailableSequenceNumbers, next, avail)
+			}
+		})
+	}
+}
+
+// TestRepublishNextFault: Republish of 2 returns message 2 from the
+// retransmission queue {1, 2, 3}; with RepublishNext it returns message
+// 3, and Republish of 3 (no 4 kept) is BadMessageNotAvailable.
+func TestRepublishNextFault(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
+			h := newHarness(t, Options{RepublishNext: on})
+			sub := h.createSub(50, 1, 100, 0)
+			h.createItems(sub, SampledCounterPrefix, 1, 10, 100)
+			for want := uint32(1); want <= 3; want++ {
+				h.publish(0)
+				if p := asPublish(t, h.until(2, 20)); p.NotificationMessage.SequenceNumber != want || len(p.NotificationMessage.NotificationData) == 0 {
+					t.Fatalf("message %d (%d notifications), want data message %d", p.NotificationMessage.SequenceNumber, len(p.NotificationMessage.NotificationData), want)
+				}
+			}
+			want := uint32(2)
+			if on {
+				want = 3
+			}
+			r := h.s.Republish(&ua.RepublishRequest{RequestHeader: hdr(), SubscriptionID: sub, RetransmitSequenceNumber: 2})
+			if rp, ok := r.(*ua.RepublishResponse); !ok || rp.NotificationMessage.SequenceNumber != want {
+				t.Fatalf("Republish(2) = %#v, want message %d", r, want)
+			}
+			r = h.s.Republish(&ua.RepublishRequest{RequestHeader: hdr(), SubscriptionID: sub, RetransmitSequenceNumber: 3})
+			if c := faultCode(r); on != (c == ua.StatusBadMessageNotAvailable) {
+				t.Fatalf("Republish(3) = %v (fault %v)", c, on)
+			}
+		})
+	}
+}

@@ -149,6 +149,18 @@ type Options struct {
 	// retransmission queue keeps only the message just sent, so Republish
 	// of any earlier unacknowledged message is BadMessageNotAvailable.
 	RepublishForgets bool
+	// RepublishNext is the republish-next fault: Republish of number n
+	// answers the message n+1 of the retransmission queue (and
+	// BadMessageNotAvailable when it is not kept).
+	RepublishNext bool
+	// KeepAliveConsumesSeq is the keepalive-consumes-seq fault: a
+	// keep-alive uses up the number it carries, so the next message
+	// carries the one after it.
+	KeepAliveConsumesSeq bool
+	// TransferNoStatusChange is the transfer-no-status-change fault: the
+	// session a subscription left in Transfer is not sent the
+	// StatusChangeNotification Good_SubscriptionTransferred.
+	TransferNoStatusChange bool
 	// SkippedSequence is the skipped-sequence fault: a subscription never
 	// uses the sequence numbers that are multiples of SkipSequenceEvery
 	// (never sent, retained or announced by a keep-alive).

@@ -89,7 +89,11 @@ func (s *Session) ackLocked(a *ua.SubscriptionAcknowledgement) ua.StatusCode {
 func (s *Session) Republish(r *ua.RepublishRequest) ua.Response {
 	m := s.m
 	return s.onSub(r, r.SubscriptionID, func(sub *Subscription) ua.Response {
-		i := slices.IndexFunc(sub.retrans, func(n *ua.NotificationMessage) bool { return n.SequenceNumber == r.RetransmitSequenceNumber })
+		want := r.RetransmitSequenceNumber
+		if m.opts.RepublishNext {
+			want++ // fault republish-next: the message after the one asked for
+		}
+		i := slices.IndexFunc(sub.retrans, func(n *ua.NotificationMessage) bool { return n.SequenceNumber == want })
 		if i < 0 {
 			return m.Fault(r, ua.StatusBadMessageNotAvailable)
 		}
@@ -276,12 +280,16 @@ func (s *Session) sendKeepAliveLocked(sub *Subscription, now time.Duration) bool
 		return false
 	}
 	m := s.m
+	seq := sub.seq // the next one; not consumed
+	if m.opts.KeepAliveConsumesSeq {
+		seq = sub.nextSeq(m.skipEvery()) // fault keepalive-consumes-seq: used up
+	}
 	p.call.Respond(&ua.PublishResponse{
 		ResponseHeader:           m.header(p.call.Request, ua.StatusOK),
 		SubscriptionID:           sub.id,
 		AvailableSequenceNumbers: sub.available(),
 		NotificationMessage: &ua.NotificationMessage{
-			SequenceNumber: sub.seq, // the next one; not consumed
+			SequenceNumber: seq,
 			PublishTime:    m.clock.Wall(now),
 		},
 		Results: p.results,

@@ -112,7 +112,7 @@ func (m *Manager) Transfer(id uint32, from any, to *Session, sendInitial, dropIt
 // keep-alive does: the sequence goes on unbroken in the new session, and
 // the message is not kept for Republish. s.mu held.
 func (s *Session) transferredLocked(sub *Subscription) {
-	if s.closed {
+	if s.closed || s.m.opts.TransferNoStatusChange { // fault transfer-no-status-change: not told
 		return
 	}
 	m := s.m
