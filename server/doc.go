@@ -201,8 +201,10 @@
 // sampler-skips, publish-drop, republish-forgets, transfer-drops,
 // skipped-sequence and duplicate-samples are the subscription ones;
 // per-session-owners keys the fair queue by session instead of user,
-// cancel-running-total answers Cancel with a running total, and
-// sessions-never-expire leaves idle activated sessions open).
+// cancel-running-total answers Cancel with a running total,
+// sessions-never-expire leaves idle activated sessions open, and
+// cert-cached-across-channels seals every secured channel for the first
+// client certificate the server saw).
 //
 // # Hostile traffic
 //
