@@ -205,8 +205,9 @@
 // per-session-owners keys the fair queue by session instead of user,
 // cancel-running-total answers Cancel with a running total,
 // cancel-wrong-handle matches Cancel against its own handle (it cancels
-// nothing), and sessions-never-expire leaves idle activated sessions
-// open).
+// nothing), sessions-never-expire leaves idle activated sessions open,
+// and cert-cached-across-channels seals every secured channel for the
+// first client certificate the server saw).
 //
 // # Hostile traffic
 //

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
@@ -22,10 +23,13 @@ import (
 	"time"
 
 	"github.com/gopcua/opcua"
+	"github.com/gopcua/opcua/id"
 	"github.com/gopcua/opcua/ua"
+	"github.com/gopcua/opcua/uacp"
 	"github.com/gopcua/opcua/uapolicy"
 
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
+	"github.com/opcua-chaos/opcua-chaos/server/uasec"
 )
 
 // testClientURI is the ApplicationUri of the test clients' certificates.
@@ -574,4 +578,97 @@ func TestQuirkTrustedCertsOnly(t *testing.T) {
 
 	plain, _ := startServer(t, Config{TrustDir: t.TempDir()})
 	connect(t, plain, sc.options(t, plain, ua.UserTokenTypeAnonymous)...)
+}
+
+// openSecuredRaw sends one OpenSecureChannel request of policy
+// Basic256Sha256 and mode SignAndEncrypt to endpoint, signed and
+// encrypted with key and cert, and returns the asymmetric security header
+// of the server's response (its ReceiverCertificateThumbprint names the
+// certificate the server sealed the response for).
+func openSecuredRaw(t *testing.T, endpoint string, key *rsa.PrivateKey, cert []byte) uasec.OPNHeader {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	eps, err := opcua.GetEndpoints(ctx, endpoint, opcua.SecurityMode(ua.MessageSecurityModeNone), opcua.SecurityPolicy(ua.SecurityPolicyURINone))
+	if err != nil {
+		t.Fatalf("get endpoints: %v", err)
+	}
+	ep, err := opcua.SelectEndpoint(eps, ua.SecurityPolicyURIBasic256Sha256, ua.MessageSecurityModeSignAndEncrypt)
+	if err != nil {
+		t.Fatalf("select endpoint: %v", err)
+	}
+	asym, err := uasec.NewAsymmetric(ep.SecurityPolicyURI, ep.SecurityMode, key, cert, ep.ServerCertificate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nonce, err := asym.MakeNonce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	typeID, err := ua.Encode(ua.NewFourByteExpandedNodeID(0, id.OpenSecureChannelRequest_Encoding_DefaultBinary))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := ua.Encode(&ua.OpenSecureChannelRequest{
+		RequestHeader: &ua.RequestHeader{AuthenticationToken: ua.NewTwoByteNodeID(0), Timestamp: time.Now(), RequestHandle: 1, TimeoutHint: 5000, AdditionalHeader: ua.NewExtensionObject(nil)},
+		RequestType:   ua.SecurityTokenRequestTypeIssue, SecurityMode: ep.SecurityMode, ClientNonce: nonce, RequestedLifetime: 60000,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk, err := asym.SealOPN(nil, 0, 1, 1, append(typeID, req...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := (&uacp.Dialer{}).Dial(ctx, endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := conn.Write(chunk); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := conn.Receive()
+	if err != nil {
+		t.Fatalf("OpenSecureChannel response: %v", err)
+	}
+	h, err := uasec.ParseOPNHeader(resp)
+	if err != nil {
+		t.Fatalf("OpenSecureChannel response: %v", err)
+	}
+	return h
+}
+
+// TestFaultCertCachedAcrossChannels: a secured channel's
+// OpenSecureChannel response is sealed for the certificate it was opened
+// with, the second client's as the first's; under the fault
+// cert-cached-across-channels a second client's response is sealed for
+// the first client's certificate, and the first client is served as
+// before.
+func TestFaultCertCachedAcrossChannels(t *testing.T) {
+	key1, cert1 := clientCredentials(t, testClientURI)
+	key2, cert2 := clientCredentials(t, testClientURI+"-2")
+	thumb1, thumb2 := uapolicy.Thumbprint(cert1), uapolicy.Thumbprint(cert2)
+	for _, tc := range []struct {
+		name   string
+		faults Faults
+		second []byte // the thumbprint the second client's response names
+	}{
+		{"clean", nil, thumb2},
+		{"cached", Faults{catalog.FaultCertCachedAcrossChannels: true}, thumb1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			endpoint, _ := startServer(t, Config{Faults: tc.faults})
+			if h := openSecuredRaw(t, endpoint, key1, cert1); !bytes.Equal(h.ReceiverThumbprint, thumb1) {
+				t.Errorf("first client: response for thumbprint %x, want its own %x", h.ReceiverThumbprint, thumb1)
+			}
+			if h := openSecuredRaw(t, endpoint, key2, cert2); !bytes.Equal(h.ReceiverThumbprint, tc.second) {
+				t.Errorf("second client: response for thumbprint %x, want %x (first client's %x)", h.ReceiverThumbprint, tc.second, thumb1)
+			}
+			if h := openSecuredRaw(t, endpoint, key1, cert1); !bytes.Equal(h.ReceiverThumbprint, thumb1) {
+				t.Errorf("first client again: response for thumbprint %x, want its own %x", h.ReceiverThumbprint, thumb1)
+			}
+		})
+	}
 }

@@ -667,3 +667,32 @@ func (s *Server) offers(policy string, mode ua.MessageSecurityMode) bool {
 	}
 	return slices.Contains(SecurityPolicies, policy)
 }
+
+// firstCertificate keeps the first client certificate it is given: the
+// fault cert-cached-across-channels.
+type firstCertificate struct {
+	mu   sync.Mutex
+	cert []byte
+}
+
+// take returns the first certificate ever given to f (sent, the first
+// time).
+func (f *firstCertificate) take(sent []byte) []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cert == nil {
+		f.cert = bytes.Clone(sent)
+	}
+	return f.cert
+}
+
+// channelCertificate is channel.Security.ChannelCertificate: nil (each
+// channel keeps the certificate it opened with) unless the fault
+// cert-cached-across-channels is on, then the first client certificate
+// the server ever saw, for every secured channel.
+func (s *Server) channelCertificate() func(sent []byte) []byte {
+	if !s.cfg.Faults.Has(catalog.FaultCertCachedAcrossChannels) {
+		return nil
+	}
+	return s.firstCert.take
+}

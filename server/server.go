@@ -65,6 +65,9 @@ type Server struct {
 	testHook func(ua.Request)
 
 	leak leak // memory kept by the retain-memory fault
+	// firstCert is the first client certificate a secured channel opened
+	// with, kept by the cert-cached-across-channels fault.
+	firstCert firstCertificate
 	// trickle is the memory kept by the trickle-leak fault
 	trickle leak
 
@@ -589,6 +592,9 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 			PrivateKey:  s.creds.key,
 			Offers:      s.offers,
 			Trusts:      s.trusts(),
+			// Fault cert-cached-across-channels: the first client
+			// certificate for every channel.
+			ChannelCertificate: s.channelCertificate(),
 		},
 		CryptoInGate:    s.cfg.Faults.Has(catalog.FaultCryptoInGate),
 		Budget:          chunks,

@@ -156,6 +156,15 @@ const (
 	// no channel counters (the Channel.* diagnostics nodes are absent), so
 	// only the client side can see the late resume.
 	FaultLateResumeSilent Fault = "late-resume-silent"
+	// FaultCertCachedAcrossChannels makes every secured channel take the
+	// first client certificate the server ever saw as its client's, in
+	// place of the one its own OpenSecureChannel was signed with: the
+	// request is still verified with the certificate it carries, but the
+	// response is signed and encrypted for the cached certificate (its
+	// ReceiverCertificateThumbprint that certificate's), and so would
+	// the session signatures be. The first client application identity
+	// is served as before; a second one cannot open its channel.
+	FaultCertCachedAcrossChannels Fault = "cert-cached-across-channels"
 
 	// The resource-exhaustion faults: each undoes one protection against
 	// hostile traffic, so the robustness suite's attacks are shown to
@@ -211,6 +220,7 @@ var AllFaults = []Fault{
 	FaultLateResume, FaultCryptoInGate,
 	FaultPerSessionOwners, FaultCancelTotal, FaultCancelWrongHandle, FaultSessionsNeverExpire,
 	FaultSkippedSequence, FaultDuplicateSamples, FaultSampleAtPublish, FaultLateResumeSilent,
+	FaultCertCachedAcrossChannels,
 	FaultNoByteBudget, FaultLoginHoldsRequests, FaultChunksPerChannelOnly,
 	FaultItemQueuesUnbounded, FaultLongSessionStrings,
 	FaultIdleAfterOpen, FaultSessionsOutliveChannels, FaultUnactivatedRefuse,

@@ -261,10 +261,13 @@ func runShare(name string, sh shape, tl timeline, owners []owner, checks func(ti
 		if err := r.NeedSessions(strings.Join(sizes, "+"), total); err != nil {
 			return err
 		}
-		for _, o := range owners {
+		for i, o := range owners {
+			// each owner a client application of its own: on a secured
+			// condition its sessions take the run's i-th client identity
+			// (in turn, where there are more owners than identities)
 			p.Sessions = append(p.Sessions, load.Sessions(o.sessions, o.user+"-", load.Session{
 				User: o.user, Password: o.password, Outstanding: deep,
-				Requests: []load.Request{sh.request},
+				Requests: []load.Request{sh.request}, Identity: i + 1,
 			})...)
 		}
 		mon := watch.MonitorServer(ctx, e, rec)

@@ -435,8 +435,13 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 			return fmt.Errorf("republish after the transfer: %w", err)
 		}
 
-		r.Rec.Mark("asking for the subscription from an anonymous session over None, which Part 4 refuses", "")
-		anonymousTransfer(ctx, r.Rec, r.Env.Endpoint, sub)
+		// the sessions of the run's client identities must each be
+		// served (an asker may be of the second)
+		r.JudgeIdentities(id.security)
+		for _, a := range askers(id) {
+			r.Rec.Mark("asking for the subscription from a session of another identity, which Part 4 refuses", a.who)
+			refusedTransfer(ctx, r.Rec, r.Env.Endpoint, sub, a)
+		}
 
 		// The Read before the kill is an op of the history, judged by
 		// serves-before-kill: no fault is in place, so a Read the server

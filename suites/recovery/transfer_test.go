@@ -89,26 +89,93 @@ func declaredUser() (target.User, bool) {
 	return target.User{}, false
 }
 
-// anonymousTransfer asks, from a new anonymous session on a channel
-// without security, for sub: a conformant server refuses with
-// BadUserAccessDenied (Part 4, 5.14.7.1). The answer is a
-// history.KindTransferRefusal op, judged by check.TransferRefusal; a server
-// that offers no channel without security is not asked (no op). What it
-// came to is a mark of the history ("anonymous-transfer").
-func anonymousTransfer(ctx context.Context, rec *history.Recorder, endpoint string, sub *reconnect.Subscription) {
+// asker is a session of another identity than the stream's that asks for
+// its subscription: Part 4 (5.14.7.1) has the server refuse it.
+type asker struct {
+	// session names it in the history, who says who it is.
+	session, who string
+	// user and password are its user ("" is anonymous); security its
+	// channel security (one client identity).
+	user, password string
+	security       secure.Config
+}
+
+// askers are the sessions of other identities than id's that ask for the
+// stream's subscription, each of which Part 4 (5.14.7.1) has the server
+// refuse: an anonymous session on a channel without security, always;
+// for sessions of a user, a session of another declared user on the same
+// channel security and client identity (only the user differs); for
+// anonymous sessions over Sign or SignAndEncrypt, an anonymous session
+// over the same mode with the run's second client identity (another
+// ApplicationUri). Part 4 says nothing of a session of the same user with
+// another application certificate, so none is tried.
+func askers(id identity) []asker {
+	out := []asker{{session: "s3-anonymous", who: "an anonymous session over none"}}
+	switch {
+	case id.skip != "":
+	case id.user != "":
+		if u, ok := otherUser(id.user); ok {
+			out = append(out, asker{session: "s4-" + u.Name, who: "user " + u.Name + " over " + id.security.Name(),
+				user: u.Name, password: u.Password, security: id.security.Nth(0)})
+		}
+	case id.security.Secured() && id.security.Identities() > 1:
+		other := id.security.Nth(1)
+		out = append(out, asker{session: "s4-identity-2", who: "an anonymous session over " + other.Name() + " as " + other.AppURI(), security: other})
+	}
+	return out
+}
+
+// otherUser is the first declared user other than name that discovery
+// saw activate (or the first other declared, where discovery tried none).
+func otherUser(name string) (target.User, bool) {
+	for _, u := range h.Setup.Target.Users {
+		if u.Name == name {
+			continue
+		}
+		if len(h.Setup.Probe.Users) == 0 {
+			return u, true
+		}
+		for _, a := range h.Setup.Probe.Users {
+			if a.User == u.Name && a.OK {
+				return u, true
+			}
+		}
+	}
+	return target.User{}, false
+}
+
+// refusedTransfer asks, from a new session of a (see askers), for sub: a
+// conformant server refuses with BadUserAccessDenied (Part 4, 5.14.7.1).
+// The answer is a history.KindTransferRefusal op of a's user and client
+// identity, judged by check.TransferRefusal; a session that cannot be
+// opened (a server that offers no channel without security) asks nothing
+// (no op). What it came to is a mark of the history ("refused-transfer").
+func refusedTransfer(ctx context.Context, rec *history.Recorder, endpoint string, sub *reconnect.Subscription, a asker) {
 	octx, cancel := context.WithTimeout(ctx, maxServe)
 	defer cancel()
-	c, err := uaclient.Open(octx, endpoint, uaclient.SessionName("s3-anonymous"), uaclient.RequestTimeout(5*time.Second))
+	opts := []uaclient.Option{uaclient.SessionName(a.session), uaclient.RequestTimeout(5 * time.Second), uaclient.Security(a.security)}
+	if a.user != "" {
+		opts = append(opts, uaclient.User(a.user, a.password))
+	}
+	owner := a.user
+	if owner == "" {
+		owner = "anonymous"
+	}
+	// the session is an op of its client identity (check.Identities)
+	opened := rec.Invoke(history.Op{Client: "c3", Session: a.session, Owner: owner, Identity: a.security.Identity(), Kind: history.KindSession, Node: endpoint})
+	c, err := uaclient.Open(octx, endpoint, opts...)
 	if err != nil {
-		rec.Mark("anonymous-transfer", fmt.Sprintf("anonymous session over none: %v: its transfer is not tried", err))
+		rec.Fail(opened, 0, err)
+		rec.Mark("refused-transfer", fmt.Sprintf("%s: %v: its transfer is not tried", a.who, err))
 		return
 	}
+	rec.OK(opened)
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		_ = c.Close(cctx)
 	}()
-	ref := rec.Invoke(history.Op{Client: "c3", Session: "s3-anonymous", Kind: history.KindTransferRefusal, Node: sub.Label})
+	ref := rec.Invoke(history.Op{Client: "c3", Session: a.session, Owner: owner, Identity: a.security.Identity(), Kind: history.KindTransferRefusal, Node: sub.Label})
 	var resp ua.Response
 	err = c.Send(octx, &ua.TransferSubscriptionsRequest{SubscriptionIDs: []uint32{sub.ID}}, func(r ua.Response) error { resp = r; return nil })
 	if err == nil {
@@ -130,7 +197,7 @@ func anonymousTransfer(ctx context.Context, rec *history.Recorder, endpoint stri
 	}
 	if err == nil {
 		rec.OK(ref)
-		rec.Mark("anonymous-transfer", fmt.Sprintf("anonymous transfer over none of %s: accepted", sub.Label))
+		rec.Mark("refused-transfer", fmt.Sprintf("transfer of %s to %s: accepted", sub.Label, a.who))
 		return
 	}
 	var code ua.StatusCode
@@ -139,5 +206,5 @@ func anonymousTransfer(ctx context.Context, rec *history.Recorder, endpoint stri
 		status = uint32(code)
 	}
 	rec.Fail(ref, status, err)
-	rec.Mark("anonymous-transfer", fmt.Sprintf("anonymous transfer over none of %s: %v", sub.Label, err))
+	rec.Mark("refused-transfer", fmt.Sprintf("transfer of %s to %s: %v", sub.Label, a.who, err))
 }

@@ -34,6 +34,13 @@ type Security struct {
 	// trusted; an untrusted one is refused at OpenSecureChannel with
 	// BadSecurityChecksFailed. Nil trusts every well-formed certificate.
 	Trusts func(cert []byte) bool
+	// ChannelCertificate, when set, returns the certificate a new secured
+	// channel takes as its client's, given sent, the one its first
+	// OpenSecureChannel was verified with: the fault
+	// cert-cached-across-channels returns the first one the server ever
+	// saw. The response and everything after it is signed and encrypted
+	// for the certificate returned. Nil takes sent.
+	ChannelCertificate func(sent []byte) []byte
 }
 
 // offersPolicy reports whether any secured mode of policy is offered.
@@ -253,8 +260,28 @@ func (t *SecureTransport) readSecuredOpen(body []byte, policy string, senderCert
 	sec := t.sec
 	if sec == nil {
 		sec = &secState{policy: policy, mode: req.SecurityMode, clientCert: bytes.Clone(senderCert), asym: asym}
+		if s.ChannelCertificate != nil {
+			if sec, err = s.cachedCertificate(sec); err != nil {
+				return openRequest{}, t.fail(uasec.Status(err), err)
+			}
+		}
 	}
 	return openRequest{req: req, reqID: reqID, sec: sec}, nil
+}
+
+// cachedCertificate is sec with the client certificate ChannelCertificate
+// gives for sec's own in place of it (the fault
+// cert-cached-across-channels), and an Asymmetric that seals for it.
+func (s *Security) cachedCertificate(sec *secState) (*secState, error) {
+	cert := s.ChannelCertificate(sec.clientCert)
+	if bytes.Equal(cert, sec.clientCert) {
+		return sec, nil
+	}
+	asym, err := uasec.NewAsymmetric(sec.policy, ua.MessageSecurityModeSignAndEncrypt, s.PrivateKey, s.Certificate, bytes.Clone(cert))
+	if err != nil {
+		return nil, err
+	}
+	return &secState{policy: sec.policy, mode: sec.mode, clientCert: bytes.Clone(cert), asym: asym}, nil
 }
 
 // sealedOpenResponse builds the OPN chunk answering a secured
