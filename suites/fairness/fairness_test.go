@@ -212,13 +212,13 @@ type owner struct {
 // disturbed are left out of the shares, and the spec is judged on quiet
 // ones. A CPU-bound shape under a CPU limit calibrates it first
 // (watch.SaturateCPU, in the warm-up): a server that did not use 0.9 of
-// its limit, the driver on a machine it shares setting the pace, gets
-// 0.75 of what it used, and the judged windows start capSettle after
-// that (the load runs as much longer); the limits and the use measured
-// are readings, and the row's figures <name>.cpu_cap, .cpu_cap_from and
-// .cpu_cap_used. The run's checks (checks of tl, planned before the load)
-// are then replaced (Run.Check, by name) by checks of the timeline with
-// the windows the load covered.
+// its limit (the driver or the proxy on a machine they share, or its own
+// waits, setting the pace) gets 0.75 of what it used, and the judged
+// windows start capSettle after that (the load runs as much longer); the
+// limits and the use measured are readings, and the row's figures
+// <name>.cpu_cap, .cpu_cap_from and .cpu_cap_used. The run's checks
+// (checks of tl, planned before the load) are then replaced (Run.Check,
+// by name) by checks of the timeline with the windows the load covered.
 func runShare(name string, sh shape, tl timeline, owners []owner, checks func(timeline) []check.Spec) scenario.Workload {
 	return func(ctx context.Context, r *scenario.Run) error {
 		e, rec, cond := r.Env, r.Rec, r.Scenario.Condition
