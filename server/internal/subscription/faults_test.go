@@ -39,23 +39,7 @@ func TestSkippedSequenceFault(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
 			h := newHarness(t, Options{SkippedSequence: on, SkipSequenceEvery: 5})
-			sub := h.createSub(50, 1, 100, 0)
-			h.createItems(sub, SampledCounterPrefix, 1, 10, 100)
-			const loops = 2 // the sampling group and the subscription
-			data := func() *ua.PublishResponse {
-				t.Helper()
-				h.publish(0)
-				p := asPublish(t, h.until(loops, 20))
-				if len(p.NotificationMessage.NotificationData) == 0 {
-					t.Fatalf("keep-alive %d, want a data message", p.NotificationMessage.SequenceNumber)
-				}
-				return p
-			}
-			for want := uint32(1); want <= 4; want++ {
-				if p := data(); p.NotificationMessage.SequenceNumber != want {
-					t.Fatalf("data message %d, want %d", p.NotificationMessage.SequenceNumber, want)
-				}
-			}
+			sub, data := firstFourMessages(t, h)
 			next, avail := uint32(5), []uint32{1, 2, 3, 4, 5}
 			if on {
 				next, avail = 6, []uint32{1, 2, 3, 4, 6}
@@ -63,7 +47,7 @@ func TestSkippedSequenceFault(t *testing.T) {
 			// Publishing disabled: the next answer is a keep-alive.
 			h.s.SetPublishingMode(&ua.SetPublishingModeRequest{RequestHeader: hdr(), SubscriptionIDs: []uint32{sub}, PublishingEnabled: false})
 			h.publish(0)
-			ka := asPublish(t, h.until(loops, 20))
+			ka := asPublish(t, h.until(subscriptionLoops, 20))
 			if len(ka.NotificationMessage.NotificationData) != 0 || ka.NotificationMessage.SequenceNumber != next {
 				t.Fatalf("keep-alive announces %d (%d notifications), want %d", ka.NotificationMessage.SequenceNumber, len(ka.NotificationMessage.NotificationData), next)
 			}
@@ -124,26 +108,10 @@ func TestKeepAliveConsumesSeqFault(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fault=%v", on), func(t *testing.T) {
 			h := newHarness(t, Options{KeepAliveConsumesSeq: on})
-			sub := h.createSub(50, 1, 100, 0)
-			h.createItems(sub, SampledCounterPrefix, 1, 10, 100)
-			const loops = 2 // the sampling group and the subscription
-			data := func() *ua.PublishResponse {
-				t.Helper()
-				h.publish(0)
-				p := asPublish(t, h.until(loops, 20))
-				if len(p.NotificationMessage.NotificationData) == 0 {
-					t.Fatalf("keep-alive %d, want a data message", p.NotificationMessage.SequenceNumber)
-				}
-				return p
-			}
-			for want := uint32(1); want <= 4; want++ {
-				if p := data(); p.NotificationMessage.SequenceNumber != want {
-					t.Fatalf("data message %d, want %d", p.NotificationMessage.SequenceNumber, want)
-				}
-			}
+			sub, data := firstFourMessages(t, h)
 			h.s.SetPublishingMode(&ua.SetPublishingModeRequest{RequestHeader: hdr(), SubscriptionIDs: []uint32{sub}, PublishingEnabled: false})
 			h.publish(0)
-			ka := asPublish(t, h.until(loops, 20))
+			ka := asPublish(t, h.until(subscriptionLoops, 20))
 			if len(ka.NotificationMessage.NotificationData) != 0 || ka.NotificationMessage.SequenceNumber != 5 {
 				t.Fatalf("keep-alive carries %d (%d notifications), want 5", ka.NotificationMessage.SequenceNumber, len(ka.NotificationMessage.NotificationData))
 			}
@@ -188,4 +156,33 @@ func TestRepublishNextFault(t *testing.T) {
 			}
 		})
 	}
+}
+
+// subscriptionLoops is how many loops serve one subscription of a
+// sampled item: the sampling group and the subscription.
+const subscriptionLoops = 2
+
+// firstFourMessages creates a subscription (50 ms) of one sampled counter
+// (10 ms) on h and takes its data messages 1 to 4, failing t unless they
+// come in that order. It returns the subscription and a function that
+// asks for the next data message (failing t on a keep-alive).
+func firstFourMessages(t *testing.T, h *harness) (uint32, func() *ua.PublishResponse) {
+	t.Helper()
+	sub := h.createSub(50, 1, 100, 0)
+	h.createItems(sub, SampledCounterPrefix, 1, 10, 100)
+	data := func() *ua.PublishResponse {
+		t.Helper()
+		h.publish(0)
+		p := asPublish(t, h.until(subscriptionLoops, 20))
+		if len(p.NotificationMessage.NotificationData) == 0 {
+			t.Fatalf("keep-alive %d, want a data message", p.NotificationMessage.SequenceNumber)
+		}
+		return p
+	}
+	for want := uint32(1); want <= 4; want++ {
+		if p := data(); p.NotificationMessage.SequenceNumber != want {
+			t.Fatalf("data message %d, want %d", p.NotificationMessage.SequenceNumber, want)
+		}
+	}
+	return sub, data
 }
