@@ -194,9 +194,12 @@ faults: $(CHAOS) ## prove each server fault is caught: its specs pass without it
 	@$(CHAOS) faults $(if $(SEED),-seed $(SEED)) $(FAULTS)
 
 # `make quirks`: the baseline rows of every suite against the reference
-# server with each quirk (a conformant variation: server.AllQuirks) on;
-# QUIRKS="a b" narrows it. Fails on a false alarm (a spec that fails a
-# property under a quirk) or a skip that does not name the quirk's cause.
+# server with each quirk (a conformant variation: catalog.AllQuirks) on,
+# then with the combinations of quirks (quirks.Combinations: as-shipped,
+# a server with no test nodes, 20 sessions and a trust list) on together;
+# QUIRKS="a b" narrows it (QUIRKS=as-shipped). Fails on a false alarm (a
+# spec that fails a property under a quirk) or a skip that does not name
+# a quirk's cause.
 # Writes reports/quirks-<time>.md and .json.
 QUIRKS        ?=
 .PHONY: quirks

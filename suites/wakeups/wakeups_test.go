@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -32,9 +33,17 @@ func TestWakeups(t *testing.T) { spec.RunSuite(t, property) }
 const maxStall = 500 * time.Millisecond
 
 // catches are the reference server's faults every spec is aimed at under
-// baseline: a parked worker that misses its wakeup, a server that serves
-// one request at a time, responses lost on a live connection.
-var catches = []catalog.Fault{catalog.FaultLostWakeup, catalog.FaultSerialDispatch, catalog.FaultLostResponse}
+// baseline: a parked worker that misses its wakeup, responses lost on a
+// live connection.
+var catches = []catalog.Fault{catalog.FaultLostWakeup, catalog.FaultLostResponse}
+
+// headOfLineCatches are the head-of-line spec's: catches, and a server
+// that serves one request at a time (serial-dispatch), which only a slow
+// request next to fast ones shows: the other specs' Reads take
+// microseconds, and one goroutine serving them all stalls nobody. The
+// spec needs Slow.<ms>, so without test nodes the fault matrix skips
+// serial-dispatch saying so.
+var headOfLineCatches = append(slices.Clone(catches), catalog.FaultSerialDispatch)
 
 // secured are the conditions of the rows under SignAndEncrypt: the
 // baseline, with every client on SignAndEncrypt channels.
@@ -277,6 +286,6 @@ var _ = Describe("No lost wakeups", spec.Property(property), func() {
 		spec.Entries(secured, nil, SpecTimeout(time.Minute), spec.Nightly))
 
 	DescribeTable("keeps serving fast requests while other sessions' slow requests run", h.Scenario(headOfLine),
-		spec.Entries(toxics.CI(), catches, SpecTimeout(time.Minute)),
+		spec.Entries(toxics.CI(), headOfLineCatches, SpecTimeout(time.Minute)),
 		spec.Entries(secured, nil, SpecTimeout(time.Minute), spec.Nightly))
 })
