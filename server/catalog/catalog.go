@@ -29,6 +29,13 @@ const (
 	// FaultCancelDouble still dispatches a cancelled request, so it
 	// completes twice.
 	FaultCancelDouble Fault = "cancel-double"
+	// FaultCancelStrands makes the compaction that a Cancel runs on an
+	// owner's queue (once its cancelled entries outnumber its queued ones
+	// and 64) start one past the queue's head: the oldest queued request
+	// of that owner, queued before the cancelled one, leaves the queue's
+	// order but stays queued. It holds its slot and no worker ever
+	// dispatches it; it is answered only when its session closes.
+	FaultCancelStrands Fault = "cancel-strands"
 	// FaultSerialDispatch serves all requests on one goroutine (gopcua's
 	// stock server behaviour).
 	FaultSerialDispatch Fault = "serial-dispatch"
@@ -211,7 +218,7 @@ const (
 // AllFaults lists every fault switch.
 var AllFaults = []Fault{
 	FaultUnweighted, FaultTurnStall, FaultLostWakeup, FaultNoBackpressure,
-	FaultFaultOnOverflow, FaultCancelLeak, FaultCancelDouble, FaultSerialDispatch,
+	FaultFaultOnOverflow, FaultCancelLeak, FaultCancelDouble, FaultCancelStrands, FaultSerialDispatch,
 	FaultSamplingDrift, FaultPublishDrop, FaultCrashOnDecode, FaultUnboundedIdle,
 	FaultSamplerSkips, FaultCloseRunsQueued, FaultLostResponse, FaultRetainMemory,
 	FaultSlowLeak, FaultTrickleLeak,
