@@ -39,6 +39,14 @@ const (
 	// FaultSerialDispatch serves all requests on one goroutine (gopcua's
 	// stock server behaviour).
 	FaultSerialDispatch Fault = "serial-dispatch"
+	// FaultPublishBlocksReader leaves a parked Publish request in its
+	// channel's pending count (channel.Park does not take it out), so
+	// parked Publishes count against the reader's high mark: a client
+	// with HighMark (100) Publish requests outstanding on one channel,
+	// the session's MaxPublishRequests, stops the reader, and nothing
+	// sent behind them is read until keep-alives or data answer half of
+	// them.
+	FaultPublishBlocksReader Fault = "publish-blocks-reader"
 	// FaultSamplingDrift makes the sampler wait one interval after each
 	// sample instead of keeping absolute deadlines (seed 003's bug).
 	FaultSamplingDrift Fault = "sampling-drift"
@@ -219,7 +227,7 @@ const (
 var AllFaults = []Fault{
 	FaultUnweighted, FaultTurnStall, FaultLostWakeup, FaultNoBackpressure,
 	FaultFaultOnOverflow, FaultCancelLeak, FaultCancelDouble, FaultCancelStrands, FaultSerialDispatch,
-	FaultSamplingDrift, FaultPublishDrop, FaultCrashOnDecode, FaultUnboundedIdle,
+	FaultSamplingDrift, FaultPublishDrop, FaultPublishBlocksReader, FaultCrashOnDecode, FaultUnboundedIdle,
 	FaultSamplerSkips, FaultCloseRunsQueued, FaultLostResponse, FaultRetainMemory,
 	FaultSlowLeak, FaultTrickleLeak,
 	FaultRepublishForgets, FaultNoReactivate, FaultTransferDrops,

@@ -27,6 +27,8 @@ func withFaults(opts Options) Options {
 			opts.FaultOnOverflow = true
 		case "late-resume":
 			opts.LateResume = true
+		case "publish-blocks-reader":
+			opts.ParkHoldsSlot = true
 		}
 	}
 	opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -281,6 +283,28 @@ func TestParkedRequestsHoldNoSlot(t *testing.T) {
 	}
 	if st := ch.Stats(); st.Pending != 0 || st.Dropped != 1 {
 		t.Errorf("stats %+v: want nothing pending, 1 dropped", st)
+	}
+	cancel()
+	<-runErr
+}
+
+// TestParkHoldsSlotFaultStopsTheReader is the publish-blocks-reader fault:
+// parked requests stay pending, so the reader stops at the high mark with
+// only parked requests outstanding.
+func TestParkHoldsSlotFaultStopsTheReader(t *testing.T) {
+	f := newFake(300)
+	ch := New(f, withFaults(Options{HighMark: 100, LowMark: 50, ParkHoldsSlot: true}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() {
+		runErr <- ch.Run(ctx, func(ch *Channel, msg Message) { ch.Park() })
+	}()
+	if n := settle(f); n != 100 {
+		t.Errorf("read %d requests, want the high mark's 100: the reader went on", n)
+	}
+	if st := ch.Stats(); st.Parked != 100 || st.Pending != 100 || st.Pauses != 1 {
+		t.Errorf("stats %+v: want 100 parked and pending, one pause", st)
 	}
 	cancel()
 	<-runErr
