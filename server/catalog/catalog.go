@@ -19,6 +19,14 @@ const (
 	// re-checking after arming, so a request enqueued in between waits for
 	// the next arrival.
 	FaultLostWakeup Fault = "lost-wakeup"
+	// FaultWriterLostWakeup makes a channel's writer drain its wake-up
+	// signal after writing a batch: a response queued while the batch
+	// was being written (its wake-up taken for one of the batch) waits
+	// until a later response on the same channel wakes the writer. Unlike
+	// FaultLostWakeup (a worker that misses a queued request, which any
+	// later request to the server rescues) only the same channel's next
+	// response releases it.
+	FaultWriterLostWakeup Fault = "writer-lost-wakeup"
 	// FaultNoBackpressure never stops reading a busy channel.
 	FaultNoBackpressure Fault = "no-backpressure"
 	// FaultFaultOnOverflow closes a channel with BadTcpNotEnoughResources
@@ -225,7 +233,7 @@ const (
 
 // AllFaults lists every fault switch.
 var AllFaults = []Fault{
-	FaultUnweighted, FaultTurnStall, FaultLostWakeup, FaultNoBackpressure,
+	FaultUnweighted, FaultTurnStall, FaultLostWakeup, FaultWriterLostWakeup, FaultNoBackpressure,
 	FaultFaultOnOverflow, FaultCancelLeak, FaultCancelDouble, FaultCancelStrands, FaultSerialDispatch,
 	FaultSamplingDrift, FaultPublishDrop, FaultPublishBlocksReader, FaultCrashOnDecode, FaultUnboundedIdle,
 	FaultSamplerSkips, FaultCloseRunsQueued, FaultLostResponse, FaultRetainMemory,

@@ -82,6 +82,12 @@ type Options struct {
 	// when no response is pending, not at LowMark (the pipeline drains
 	// empty before the server reads again).
 	LateResume bool
+	// WriterDropsKick is the writer-lost-wakeup fault: after writing a
+	// batch the writer drains its wake-up signal, taking a wake-up that
+	// arrived during the write for one of the batch, and waits again:
+	// a response queued during a write goes out only when a later
+	// response on the channel wakes the writer.
+	WriterDropsKick bool
 	// ParkHoldsSlot is the publish-blocks-reader fault: Park counts the
 	// request as parked but leaves it in the pending count, so parked
 	// Publish requests hold the reader's backpressure slots: at HighMark
@@ -541,6 +547,14 @@ func (c *Channel) writeLoop(ctx context.Context) {
 			c.mu.Unlock()
 		}
 		clear(batch)
+		if c.opts.WriterDropsKick {
+			// Fault writer-lost-wakeup: the kick that came in during
+			// the write is taken for the batch just written.
+			select {
+			case <-c.kick:
+			default:
+			}
+		}
 		c.mu.Lock()
 		code, drained := c.failed, len(c.queue) == 0
 		c.mu.Unlock()
