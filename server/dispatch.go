@@ -142,14 +142,15 @@ type queued struct {
 func newQueue(cfg Config) *fairqueue.Queue[*job] {
 	weights := cfg.OwnerWeights
 	return fairqueue.New[*job](fairqueue.Options{
-		Limit:        cfg.QueueSize,
-		OwnerLimit:   cfg.OwnerQueueSize,
-		Weight:       func(owner string) int { return weights[owner] },
-		Unweighted:   cfg.Faults.Has(catalog.FaultUnweighted),
-		TurnStall:    cfg.Faults.Has(catalog.FaultTurnStall),
-		LostWakeup:   cfg.Faults.Has(catalog.FaultLostWakeup),
-		CancelLeak:   cfg.Faults.Has(catalog.FaultCancelLeak),
-		CancelDouble: cfg.Faults.Has(catalog.FaultCancelDouble),
+		Limit:         cfg.QueueSize,
+		OwnerLimit:    cfg.OwnerQueueSize,
+		Weight:        func(owner string) int { return weights[owner] },
+		Unweighted:    cfg.Faults.Has(catalog.FaultUnweighted),
+		TurnStall:     cfg.Faults.Has(catalog.FaultTurnStall),
+		LostWakeup:    cfg.Faults.Has(catalog.FaultLostWakeup),
+		CancelLeak:    cfg.Faults.Has(catalog.FaultCancelLeak),
+		CancelDouble:  cfg.Faults.Has(catalog.FaultCancelDouble),
+		CancelStrands: cfg.Faults.Has(catalog.FaultCancelStrands),
 	})
 }
 

@@ -636,6 +636,8 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 		NoBackpressure:  s.cfg.Faults.Has(catalog.FaultNoBackpressure),
 		FaultOnOverflow: s.cfg.Faults.Has(catalog.FaultFaultOnOverflow),
 		LateResume:      s.cfg.Faults.Has(catalog.FaultLateResume) || s.cfg.Faults.Has(catalog.FaultLateResumeSilent),
+		ParkHoldsSlot:   s.cfg.Faults.Has(catalog.FaultPublishBlocksReader),
+		WriterDropsKick: s.cfg.Faults.Has(catalog.FaultWriterLostWakeup),
 		Logger:          s.log.With("channel", id),
 		OnPanic:         func() { s.stats.panics.Add(1) },
 	})

@@ -19,6 +19,14 @@ const (
 	// re-checking after arming, so a request enqueued in between waits for
 	// the next arrival.
 	FaultLostWakeup Fault = "lost-wakeup"
+	// FaultWriterLostWakeup makes a channel's writer drain its wake-up
+	// signal after writing a batch: a response queued while the batch
+	// was being written (its wake-up taken for one of the batch) waits
+	// until a later response on the same channel wakes the writer. Unlike
+	// FaultLostWakeup (a worker that misses a queued request, which any
+	// later request to the server rescues) only the same channel's next
+	// response releases it.
+	FaultWriterLostWakeup Fault = "writer-lost-wakeup"
 	// FaultNoBackpressure never stops reading a busy channel.
 	FaultNoBackpressure Fault = "no-backpressure"
 	// FaultFaultOnOverflow closes a channel with BadTcpNotEnoughResources
@@ -29,9 +37,24 @@ const (
 	// FaultCancelDouble still dispatches a cancelled request, so it
 	// completes twice.
 	FaultCancelDouble Fault = "cancel-double"
+	// FaultCancelStrands makes the compaction that a Cancel runs on an
+	// owner's queue (once its cancelled entries outnumber its queued ones
+	// and 64) start one past the queue's head: the oldest queued request
+	// of that owner, queued before the cancelled one, leaves the queue's
+	// order but stays queued. It holds its slot and no worker ever
+	// dispatches it; it is answered only when its session closes.
+	FaultCancelStrands Fault = "cancel-strands"
 	// FaultSerialDispatch serves all requests on one goroutine (gopcua's
 	// stock server behaviour).
 	FaultSerialDispatch Fault = "serial-dispatch"
+	// FaultPublishBlocksReader leaves a parked Publish request in its
+	// channel's pending count (channel.Park does not take it out), so
+	// parked Publishes count against the reader's high mark: a client
+	// with HighMark (100) Publish requests outstanding on one channel,
+	// the session's MaxPublishRequests, stops the reader, and nothing
+	// sent behind them is read until keep-alives or data answer half of
+	// them.
+	FaultPublishBlocksReader Fault = "publish-blocks-reader"
 	// FaultSamplingDrift makes the sampler wait one interval after each
 	// sample instead of keeping absolute deadlines (seed 003's bug).
 	FaultSamplingDrift Fault = "sampling-drift"
@@ -210,9 +233,9 @@ const (
 
 // AllFaults lists every fault switch.
 var AllFaults = []Fault{
-	FaultUnweighted, FaultTurnStall, FaultLostWakeup, FaultNoBackpressure,
-	FaultFaultOnOverflow, FaultCancelLeak, FaultCancelDouble, FaultSerialDispatch,
-	FaultSamplingDrift, FaultPublishDrop, FaultCrashOnDecode, FaultUnboundedIdle,
+	FaultUnweighted, FaultTurnStall, FaultLostWakeup, FaultWriterLostWakeup, FaultNoBackpressure,
+	FaultFaultOnOverflow, FaultCancelLeak, FaultCancelDouble, FaultCancelStrands, FaultSerialDispatch,
+	FaultSamplingDrift, FaultPublishDrop, FaultPublishBlocksReader, FaultCrashOnDecode, FaultUnboundedIdle,
 	FaultSamplerSkips, FaultCloseRunsQueued, FaultLostResponse, FaultRetainMemory,
 	FaultSlowLeak, FaultTrickleLeak,
 	FaultRepublishForgets, FaultNoReactivate, FaultTransferDrops,

@@ -483,9 +483,11 @@ var catches = []catalog.Fault{catalog.FaultCancelLeak, catalog.FaultCancelDouble
 // stormCatches adds, for the cancel storm, a CancelCount that is not the
 // number of requests the Cancel removed (the server's running total):
 // exactly-once compares each session's CancelCounts with its requests
-// answered BadRequestCancelledByClient; and a Cancel that never cancels
-// (it looks for the wrong handle): storm-exercised reads not exercised.
-var stormCatches = append(slices.Clone(catches), catalog.FaultCancelTotal, catalog.FaultCancelWrongHandle)
+// answered BadRequestCancelledByClient; a Cancel that never cancels
+// (it looks for the wrong handle): storm-exercised reads not exercised;
+// and a Cancel whose compaction of the queue strands the oldest queued
+// request: exactly-once names it stranded behind a cancel.
+var stormCatches = append(slices.Clone(catches), catalog.FaultCancelTotal, catalog.FaultCancelWrongHandle, catalog.FaultCancelStrands)
 
 // ciIndex is cond's index in toxics.CI(): it separates the random draws of
 // the specs of each condition, which share the suite seed.

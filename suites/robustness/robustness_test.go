@@ -641,8 +641,10 @@ func robustnessChecks(cond toxics.Condition, ran []attack.Attack, baseline histo
 // catches are the bugs the spec is aimed at under baseline: a malformed
 // request that kills the process, idle connections never closed, and
 // sessions that never expire (the attackers' abandoned sessions keep the
-// session count above its baseline).
-var catches = []catalog.Fault{catalog.FaultCrashOnDecode, catalog.FaultUnboundedIdle, catalog.FaultSessionsNeverExpire}
+// session count above its baseline), and parked Publishes that count
+// against the reader's high mark (the Publish flood's channel stops
+// behind them: answers names it).
+var catches = []catalog.Fault{catalog.FaultCrashOnDecode, catalog.FaultUnboundedIdle, catalog.FaultSessionsNeverExpire, catalog.FaultPublishBlocksReader}
 
 // robustnessRow is the body of the robustness table: the scenario of the row's
 // condition, judged first (the attacks that ran), then the attacks left

@@ -82,6 +82,17 @@ type Options struct {
 	// when no response is pending, not at LowMark (the pipeline drains
 	// empty before the server reads again).
 	LateResume bool
+	// WriterDropsKick is the writer-lost-wakeup fault: after writing a
+	// batch the writer drains its wake-up signal, taking a wake-up that
+	// arrived during the write for one of the batch, and waits again:
+	// a response queued during a write goes out only when a later
+	// response on the channel wakes the writer.
+	WriterDropsKick bool
+	// ParkHoldsSlot is the publish-blocks-reader fault: Park counts the
+	// request as parked but leaves it in the pending count, so parked
+	// Publish requests hold the reader's backpressure slots: at HighMark
+	// of them the reader stops, with only Publishes outstanding.
+	ParkHoldsSlot bool
 	// Logger receives channel events; nil means slog.Default().
 	Logger *slog.Logger
 	// OnPanic, if set, is called after a panic of a handler or of the
@@ -423,7 +434,10 @@ func (c *Channel) SendNow(reqID uint32, resp ua.Response) {
 func (c *Channel) Park() {
 	c.mu.Lock()
 	c.stats.Parked++
-	c.release(1)
+	if !c.opts.ParkHoldsSlot {
+		c.release(1)
+	}
+	// Fault publish-blocks-reader: the parked request stays pending.
 	c.mu.Unlock()
 }
 
@@ -432,7 +446,9 @@ func (c *Channel) Park() {
 func (c *Channel) RespondParked(reqID uint32, resp ua.Response) {
 	c.mu.Lock()
 	c.stats.Parked--
-	c.stats.Pending++
+	if !c.opts.ParkHoldsSlot {
+		c.stats.Pending++
+	}
 	c.mu.Unlock()
 	c.Respond(reqID, resp)
 }
@@ -443,6 +459,9 @@ func (c *Channel) ForgetParked() {
 	c.mu.Lock()
 	c.stats.Parked--
 	c.stats.Dropped++
+	if c.opts.ParkHoldsSlot {
+		c.release(1)
+	}
 	c.mu.Unlock()
 }
 
@@ -528,6 +547,14 @@ func (c *Channel) writeLoop(ctx context.Context) {
 			c.mu.Unlock()
 		}
 		clear(batch)
+		if c.opts.WriterDropsKick {
+			// Fault writer-lost-wakeup: the kick that came in during
+			// the write is taken for the batch just written.
+			select {
+			case <-c.kick:
+			default:
+			}
+		}
 		c.mu.Lock()
 		code, drained := c.failed, len(c.queue) == 0
 		c.mu.Unlock()

@@ -27,6 +27,10 @@ func withFaults(opts Options) Options {
 			opts.FaultOnOverflow = true
 		case "late-resume":
 			opts.LateResume = true
+		case "publish-blocks-reader":
+			opts.ParkHoldsSlot = true
+		case "writer-lost-wakeup":
+			opts.WriterDropsKick = true
 		}
 	}
 	opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -284,4 +288,70 @@ func TestParkedRequestsHoldNoSlot(t *testing.T) {
 	}
 	cancel()
 	<-runErr
+}
+
+// TestParkHoldsSlotFaultStopsTheReader is the publish-blocks-reader fault:
+// parked requests stay pending, so the reader stops at the high mark with
+// only parked requests outstanding.
+func TestParkHoldsSlotFaultStopsTheReader(t *testing.T) {
+	f := newFake(300)
+	ch := New(f, withFaults(Options{HighMark: 100, LowMark: 50, ParkHoldsSlot: true}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() {
+		runErr <- ch.Run(ctx, func(ch *Channel, msg Message) { ch.Park() })
+	}()
+	if n := settle(f); n != 100 {
+		t.Errorf("read %d requests, want the high mark's 100: the reader went on", n)
+	}
+	if st := ch.Stats(); st.Parked != 100 || st.Pending != 100 || st.Pauses != 1 {
+		t.Errorf("stats %+v: want 100 parked and pending, one pause", st)
+	}
+	cancel()
+	<-runErr
+}
+
+// TestWriterDropsKickFaultHoldsAResponse is the writer-lost-wakeup fault:
+// a response queued while the writer writes another waits until a later
+// response on the channel wakes the writer; without the fault it goes out
+// right after the write.
+func TestWriterDropsKickFaultHoldsAResponse(t *testing.T) {
+	for _, fault := range []bool{false, true} {
+		f := newFake(3)
+		ch := New(f, withFaults(Options{WriterDropsKick: fault}))
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		runErr := make(chan error, 1)
+		go func() { runErr <- ch.Run(ctx, func(*Channel, Message) {}) }()
+		if n := settle(f); n != 3 {
+			t.Fatalf("read %d of 3 requests", n)
+		}
+		resp := func(id uint32) ua.Response {
+			return &ua.ReadResponse{ResponseHeader: &ua.ResponseHeader{RequestHandle: id}}
+		}
+		ch.Respond(1, resp(1)) // the writer takes it and blocks in Send
+		time.Sleep(20 * time.Millisecond)
+		ch.Respond(2, resp(2)) // queued during the write
+		for range 3 {
+			f.release <- struct{}{}
+		}
+		time.Sleep(100 * time.Millisecond)
+		want := int64(2)
+		if fault {
+			want = 1 // response 2 held
+		}
+		if w := ch.Stats().Written; w != want {
+			t.Errorf("fault %v: %d written while nothing else was answered, want %d", fault, w, want)
+		}
+		ch.Respond(3, resp(3)) // a later response wakes the writer
+		deadline := time.Now().Add(5 * time.Second)
+		for ch.Stats().Written != 3 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if w := ch.Stats().Written; w != 3 {
+			t.Errorf("fault %v: %d of 3 written after a later response", fault, w)
+		}
+		cancel()
+		<-runErr
+	}
 }

@@ -72,6 +72,12 @@ type Options struct {
 	// CancelDouble is the cancel-double fault: Cancel reports success but
 	// leaves the request queued, so it is dispatched as well.
 	CancelDouble bool
+	// CancelStrands is the cancel-strands fault: the compaction of an
+	// owner's FIFO that a Cancel runs starts one past its head (taken for
+	// the entry a worker is about to pop), so the queued request at the
+	// head is dropped from the FIFO but stays queued: it holds its slot
+	// and is never dispatched.
+	CancelStrands bool
 }
 
 type state uint8
@@ -469,7 +475,7 @@ func (q *Queue[T]) Cancel(e *Entry[T]) bool {
 		// Requests cancelled behind busy workers pile up in the FIFO
 		// while its head waits: drop them once they outnumber the
 		// queued ones (amortised O(1) per Cancel).
-		o.compact()
+		o.compact(q.opts.CancelStrands)
 	}
 	return true
 }
@@ -482,10 +488,18 @@ const compactAfter = 64
 func (o *owner[T]) stale() int { return len(o.fifo) - o.head - o.live }
 
 // compact drops the claimed entries from o's FIFO, keeping the order of the
-// queued ones.
-func (o *owner[T]) compact() {
+// queued ones. strand is the cancel-strands fault: the scan starts one past
+// the head, so a queued entry at the head is dropped with the claimed ones.
+func (o *owner[T]) compact(strand bool) {
+	from := o.head
+	if strand && from < len(o.fifo) {
+		// Fault cancel-strands: the head is taken for one a worker is
+		// about to pop; a queued request there leaves the FIFO still
+		// queued (live, charged) and no worker ever finds it.
+		from++
+	}
 	n := 0
-	for _, e := range o.fifo[o.head:] {
+	for _, e := range o.fifo[from:] {
 		if e.state == queued {
 			o.fifo[n] = e
 			n++

@@ -35,6 +35,8 @@ func withFaults(t *testing.T, opts Options) Options {
 			opts.CancelLeak = true
 		case "cancel-double":
 			opts.CancelDouble = true
+		case "cancel-strands":
+			opts.CancelStrands = true
 		}
 	}
 	return opts
@@ -599,7 +601,7 @@ func TestEmptiedCountsOwnersRunningDry(t *testing.T) {
 // (workers pinned) neither keeps the cancelled values nor grows the owner's
 // FIFO without bound, and the queued entries keep their order.
 func TestCancelledEntriesDropValues(t *testing.T) {
-	q := New[*[]byte](Options{Limit: 100})
+	q := New[*[]byte](withFaults(t, Options{Limit: 100}))
 	big := func() *[]byte { b := make([]byte, 1024); return &b }
 	head, err := q.Enqueue("a", big())
 	if err != nil {
@@ -649,4 +651,33 @@ func seqOf[T any](e *Entry[T]) uint64 {
 		return 0
 	}
 	return e.Seq()
+}
+
+// TestCancelStrandsFault: under the cancel-strands fault, the compaction a
+// Cancel runs drops the queued head from the FIFO: it is never dispatched,
+// stays queued and holds its slot, while the requests queued after it are
+// dispatched in order (only a Cancel of it, as the server's CloseSession
+// runs, claims it).
+func TestCancelStrandsFault(t *testing.T) {
+	q := New[int](Options{Limit: 1000, CancelStrands: true})
+	head := mustEnqueue(t, q, "a", -1)
+	later := mustEnqueue(t, q, "a", -2)
+	for i := range 2*compactAfter + 1 {
+		if !q.Cancel(mustEnqueue(t, q, "a", i)) {
+			t.Fatalf("Cancel %d failed", i)
+		}
+	}
+	if e, _ := q.take(); e != later {
+		t.Fatalf("take = seq %d, want the request queued after the head (seq %d)", seqOf(e), later.Seq())
+	}
+	if e, _ := q.take(); e != nil {
+		t.Fatalf("take = seq %d, want nothing: the head is stranded", e.Seq())
+	}
+	if st := q.Stats(); st.Queued != 1 || st.Charged != 1 {
+		t.Errorf("queued=%d slots held=%d, want the stranded head's 1, 1", st.Queued, st.Charged)
+	}
+	if !q.Cancel(head) {
+		t.Error("Cancel of the stranded head failed")
+	}
+	checkDrained(t, q)
 }
