@@ -40,8 +40,11 @@ export TARGET OPCUA_ENDPOINT STRICT SOAK FOCUS
 # No --junit-report: `chaos table` writes reports/<run>/junit.xml (every
 # suite, as Ginkgo merged it) from report.json, a spec not judged there
 # skipped with its reason rather than failed.
+# No --poll-progress-after: a spec's progress report (every goroutine's
+# stack) comes only near its own deadline (spec.Timeout), never while it
+# waits for the machine lock or a quiet host, which print one line each.
 GINKGO_FLAGS := --randomize-all --keep-going \
-	--timeout $(SUITE_TIMEOUT) --poll-progress-after 60s \
+	--timeout $(SUITE_TIMEOUT) \
 	--output-dir $(REPORTS)/$(RUN) --json-report report.json
 ifneq ($(LABEL_FILTER),)
 GINKGO_FLAGS += --label-filter '$(LABEL_FILTER)'

@@ -519,30 +519,30 @@ func cpuLimit(exp *gmeasure.Experiment) scenario.Scenario {
 var _ = Describe("Smoke", spec.Property(property), func() {
 	It("reads ServerStatus through the proxy", spec.Condition(toxics.Baseline.Name), func(ctx SpecContext) {
 		h.Run(ctx, readsStatus(toxics.Baseline))
-	}, SpecTimeout(2*time.Minute), FlakeAttempts(spec.Attempts))
+	}, spec.Timeout(2*time.Minute), FlakeAttempts(spec.Attempts))
 
 	// the CI profile's proof that every client path opens SignAndEncrypt
 	// channels with every client identity: a second, four sessions long
 	secured := toxics.Baseline.WithSecurity(toxics.SecuritySignEncrypt)
 	It("reads ServerStatus through the proxy on SignAndEncrypt channels", spec.Condition(secured.Name), spec.Catches(catalog.FaultCertCachedAcrossChannels), func(ctx SpecContext) {
 		h.Run(ctx, readsStatus(secured))
-	}, SpecTimeout(2*time.Minute), FlakeAttempts(spec.Attempts))
+	}, spec.Timeout(2*time.Minute), FlakeAttempts(spec.Attempts))
 
 	It("adds 40–90 ms of median read latency under a 50 ms downstream latency toxic, and loses it when removed", spec.Condition("latency"), func(ctx SpecContext) {
 		exp := gmeasure.NewExperiment("read latency through the proxy")
 		AddReportEntry(exp.Name, exp, ReportEntryVisibilityFailureOrVerbose)
 		h.Run(ctx, latencyToxic(exp))
-	}, SpecTimeout(3*time.Minute), FlakeAttempts(spec.Attempts))
+	}, spec.Timeout(3*time.Minute), FlakeAttempts(spec.Attempts))
 
 	It("breaks the connection under reset_peer, and a new session works once it is removed", spec.Condition("reset"), func(ctx SpecContext) {
 		h.Run(ctx, resetPeer())
-	}, SpecTimeout(2*time.Minute), FlakeAttempts(spec.Attempts))
+	}, spec.Timeout(2*time.Minute), FlakeAttempts(spec.Attempts))
 
 	It("applies a 0.25 CPU limit to the server container, which slows a fixed burst of CPU-bound reads", spec.Condition("cpu"), func(ctx SpecContext) {
 		exp := gmeasure.NewExperiment("burst of 96 Busy.2000 reads")
 		AddReportEntry(exp.Name, exp, ReportEntryVisibilityFailureOrVerbose)
 		h.Run(ctx, cpuLimit(exp))
-	}, SpecTimeout(3*time.Minute), FlakeAttempts(spec.Attempts))
+	}, spec.Timeout(3*time.Minute), FlakeAttempts(spec.Attempts))
 })
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
