@@ -20,6 +20,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
@@ -425,10 +426,11 @@ func nemesisSoak(runFor time.Duration, profile profiler, log io.Writer) scenario
 			}
 		}()
 		counts := w.SampleCounts(ctx, 5*time.Second)
-		if err := r.NeedSessions(fmt.Sprintf("%dx%d", deepSessions, deepOutstanding), deepSessions); err != nil {
+		fit, err := r.NeedSessions(fmt.Sprintf("%dx%d", deepSessions, deepOutstanding), target.AnySessions, deepSessions)
+		if err != nil {
 			return err
 		}
-		p := load.Pipelined(e.Endpoint, deepSessions, deepOutstanding)
+		p := deepLoad(r, fit)
 		p.Name, p.Duration, p.RequestTimeout = "nemesis", runFor, requestTimeout
 		st, err := load.Run(ctx, rec, p)
 		heap()
@@ -479,14 +481,14 @@ func deep(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 		e, rec := r.Env, r.Rec
 		mon := watchServer(ctx, r)
 
-		if err := r.NeedSessions(fmt.Sprintf("%dx%d", deepSessions, deepOutstanding), deepSessions); err != nil {
+		fit, err := r.NeedSessions(fmt.Sprintf("%dx%d", deepSessions, deepOutstanding), target.AnySessions, deepSessions)
+		if err != nil {
 			return err
 		}
-		rec.Mark(fmt.Sprintf("pipelining %d × %d Reads for %s", deepSessions, deepOutstanding, deepFor), "")
-		p := load.Pipelined(e.Endpoint, deepSessions, deepOutstanding)
+		rec.Mark(fmt.Sprintf("pipelining %d × %d Reads for %s", deepSessions, deepOutstanding, deepFor), fit.String())
+		p := deepLoad(r, fit)
 		p.Duration, p.RequestTimeout, p.Security = deepFor, deepRequestTimeout, e.Security
 		var st load.Stats
-		var err error
 		exp.MeasureDuration("run", func() {
 			st, err = load.Run(ctx, rec, p)
 		})
@@ -505,6 +507,24 @@ func deep(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 		return nil
 	}
 	return s
+}
+
+// deepLoad is the deep pipelines (deepSessions × deepOutstanding fast
+// Reads) on r's target as fit sized them: anonymous sessions, or, where
+// only logins as a user leave room for all of them (the reference server
+// with max-sessions-20 keeps 10 of its 20 places from anonymous
+// clients), every session logged in as the target's first user, the one
+// discovery probed the limit with. What the deep specs judge (pending
+// responses, memory, errors, each session's stalls, every request
+// answered once) does not depend on who the sessions are; one user keeps
+// them one owner, as the anonymous sessions of one peer are on the
+// reference server.
+func deepLoad(r *scenario.Run, fit target.Fit) load.Profile {
+	if fit.Kind == target.UserSessions && len(r.Env.Target.Users) > 0 {
+		u := r.Env.Target.Users[0]
+		return load.Pipelined(r.Env.Endpoint, deepSessions, deepOutstanding, [2]string{u.Name, u.Password})
+	}
+	return load.Pipelined(r.Env.Endpoint, deepSessions, deepOutstanding)
 }
 
 // refill keeps refillOutstanding Reads of refillRequests outstanding on

@@ -662,7 +662,8 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 			return start, nil
 		}
 
-		if err := r.NeedSessions("storm", len(cancellers)); err != nil {
+		// anonymous and user sessions: the anonymous limit bounds them
+		if _, err := r.NeedSessions("storm", target.AnonymousSessions, len(cancellers)); err != nil {
 			return err
 		}
 		rec.SetLabel("storm.load", sl.what)

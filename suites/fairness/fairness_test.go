@@ -258,7 +258,9 @@ func runShare(name string, sh shape, tl timeline, owners []owner, checks func(ti
 			sizes = append(sizes, fmt.Sprint(o.sessions))
 			total += o.sessions
 		}
-		if err := r.NeedSessions(strings.Join(sizes, "+"), total); err != nil {
+		// every owner is a user: the shape is sized against the limit
+		// of user logins
+		if _, err := r.NeedSessions(strings.Join(sizes, "+"), target.UserSessions, total); err != nil {
 			return err
 		}
 		for i, o := range owners {
