@@ -17,6 +17,8 @@ LABEL_FILTER  ?= !soak && !nightly
 # command sets it when its run had a focus.
 FOCUS         ?=
 RUN           ?= $(shell date -u +%Y%m%d-%H%M%S)
+# expanded once: every step of a run names the same folder
+RUN           := $(RUN)
 SEED          ?=
 # SOAK is the run length of the soak specs (a Go duration, 1m to 24h;
 # default 1m, so LABEL_FILTER=soak stays short). The suite timeout grows
@@ -82,8 +84,13 @@ help: ## list targets
 # ci/step.sh prints each step before the chaos command exists (a cold
 # first run downloads and compiles for minutes): its start, a heartbeat
 # line every 10 s and its duration, or its output when it fails.
+# make chaos appends each step's duration to reports/<run>/steps.tsv
+# (the modules and the chaos command here, the images and the probe in
+# chaos preflight, the suites' compilation), for the summary's time line.
+chaos: export OPCUA_CHAOS_STEPS = $(abspath $(REPORTS)/$(RUN)/steps.tsv)
 $(CHAOS):
 	@mkdir -p $(BIN)
+	@rm -f "$${OPCUA_CHAOS_STEPS:-/dev/null/none}"
 	@ci/step.sh "downloading modules" go mod download
 	@ci/step.sh "compiling the chaos command" go build -o $(CHAOS) ./fixtures/cmd/chaos
 
