@@ -61,11 +61,11 @@ func anonymousToken() *ua.AnonymousIdentityToken {
 }
 
 // TestAnonymousFloodLeavesRoomForLogins: MaxSessions anonymous sessions
-// are tried, each on its own channel, and the channels closed: the
-// anonymous share (MaxSessions/2) refuses the rest BadTooManySessions,
-// and a user login still creates and activates a session. Under the
-// sessions-outlive-channels fault all of them are activated and outlive
-// their channels: the login is refused.
+// are activated, each on its own channel, and the channels closed: the
+// anonymous share (MaxSessions/2) holds half of them (each activation
+// beyond it closed the one idle longest), and a user login still creates
+// and activates a session. Under the sessions-outlive-channels fault all
+// of them outlive their channels: the login is refused.
 func TestAnonymousFloodLeavesRoomForLogins(t *testing.T) {
 	for _, fault := range []bool{false, true} {
 		t.Run(fmt.Sprintf("sessions-outlive-channels=%v", fault), func(t *testing.T) {
@@ -92,14 +92,14 @@ func TestAnonymousFloodLeavesRoomForLogins(t *testing.T) {
 			for _, c := range chans {
 				closeChannel(t, c)
 			}
-			want := exhaustMaxSessions / 2
+			if activated != exhaustMaxSessions {
+				t.Errorf("%d anonymous sessions activated, want %d", activated, exhaustMaxSessions)
+			}
+			held := exhaustMaxSessions / 2
 			if fault {
-				want = exhaustMaxSessions
+				held = exhaustMaxSessions
 			}
-			if activated != want {
-				t.Errorf("%d anonymous sessions activated, want %d", activated, want)
-			}
-			waitFor(t, "the flood's sessions to be orphans", func() bool { return ts.sessions.Counts().Orphaned == activated })
+			waitFor(t, "the flood's sessions to be orphans", func() bool { return ts.sessions.Counts().Orphaned == held })
 			err := userLogin(t, ts.endpoint)
 			switch {
 			case !fault && err != nil:
@@ -107,7 +107,7 @@ func TestAnonymousFloodLeavesRoomForLogins(t *testing.T) {
 			case fault && !errors.Is(err, ua.StatusBadTooManySessions):
 				t.Errorf("sessions-outlive-channels: user login %v, want BadTooManySessions", err)
 			}
-			if c := ts.sessions.Counts(); !fault && (c.Anonymous > exhaustMaxSessions/2 || c.AnonymousRefused != exhaustMaxSessions/2) {
+			if c := ts.sessions.Counts(); !fault && (c.Anonymous > exhaustMaxSessions/2 || c.AnonymousYielded != exhaustMaxSessions/2) {
 				t.Errorf("counts %+v", c)
 			}
 		})
@@ -137,6 +137,61 @@ func TestAnonymousOrphansMakeRoom(t *testing.T) {
 	}
 	if n := ts.sessions.Counts().OrphansEvicted; n != 1 {
 		t.Errorf("%d orphans closed, want 1", n)
+	}
+}
+
+// TestAnonymousShareYieldsToFresh (issue 44, item 3): the anonymous share
+// full of sessions on live channels does not lock a fresh anonymous client
+// out: its activation closes the session idle longest and it reads; the
+// sessions used since keep theirs. Under anonymous-full-refuses it is
+// refused BadTooManySessions.
+func TestAnonymousShareYieldsToFresh(t *testing.T) {
+	for _, fault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("anonymous-full-refuses=%v", fault), func(t *testing.T) {
+			var ts *testServer
+			if fault {
+				ts = exhaustServer(t, catalog.FaultAnonymousFullRefuses)
+			} else {
+				ts = exhaustServer(t)
+			}
+			var held []*rawSession
+			for range exhaustMaxSessions / 2 {
+				r := createRaw(t, newRawChannel(t, ts.endpoint))
+				if err := r.activate(anonymousToken()); err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, r)
+			}
+			time.Sleep(20 * time.Millisecond)
+			for _, r := range held[1:] { // held[0] stays idle longest
+				if err := r.read(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fresh := createRaw(t, newRawChannel(t, ts.endpoint))
+			err := fresh.activate(anonymousToken())
+			if fault {
+				if !errors.Is(err, ua.StatusBadTooManySessions) {
+					t.Fatalf("anonymous-full-refuses: fresh anonymous client %v, want BadTooManySessions", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("fresh anonymous client at a full anonymous share: %v", err)
+			}
+			if err := fresh.read(); err != nil {
+				t.Errorf("fresh anonymous client's Read: %v", err)
+			}
+			if err := held[0].read(); !errors.Is(err, ua.StatusBadSessionIDInvalid) {
+				t.Errorf("the session idle longest: Read %v, want BadSessionIdInvalid (closed for the fresh client)", err)
+			}
+			if err := held[1].read(); err != nil {
+				t.Errorf("a session used since: %v", err)
+			}
+			if n := ts.sessions.Counts().AnonymousYielded; n != 1 {
+				t.Errorf("%d anonymous sessions yielded, want 1", n)
+			}
+		})
 	}
 }
 
