@@ -61,11 +61,12 @@ func anonymousToken() *ua.AnonymousIdentityToken {
 }
 
 // TestAnonymousFloodLeavesRoomForLogins: MaxSessions anonymous sessions
-// are activated, each on its own channel, and the channels closed: the
-// anonymous share (MaxSessions/2) holds half of them (each activation
-// beyond it closed the one idle longest), and a user login still creates
-// and activates a session. Under the sessions-outlive-channels fault all
-// of them outlive their channels: the login is refused.
+// are tried, each on its own channel, and the channels closed: the
+// anonymous share (MaxSessions/2) refuses the rest BadTooManySessions
+// (the sessions holding it are busy: none idle for YieldIdle), and a user
+// login still creates and activates a session. Under the
+// sessions-outlive-channels fault all of them are activated and outlive
+// their channels: the login is refused.
 func TestAnonymousFloodLeavesRoomForLogins(t *testing.T) {
 	for _, fault := range []bool{false, true} {
 		t.Run(fmt.Sprintf("sessions-outlive-channels=%v", fault), func(t *testing.T) {
@@ -92,14 +93,14 @@ func TestAnonymousFloodLeavesRoomForLogins(t *testing.T) {
 			for _, c := range chans {
 				closeChannel(t, c)
 			}
-			if activated != exhaustMaxSessions {
-				t.Errorf("%d anonymous sessions activated, want %d", activated, exhaustMaxSessions)
-			}
-			held := exhaustMaxSessions / 2
+			want := exhaustMaxSessions / 2
 			if fault {
-				held = exhaustMaxSessions
+				want = exhaustMaxSessions
 			}
-			waitFor(t, "the flood's sessions to be orphans", func() bool { return ts.sessions.Counts().Orphaned == held })
+			if activated != want {
+				t.Errorf("%d anonymous sessions activated, want %d", activated, want)
+			}
+			waitFor(t, "the flood's sessions to be orphans", func() bool { return ts.sessions.Counts().Orphaned == activated })
 			err := userLogin(t, ts.endpoint)
 			switch {
 			case !fault && err != nil:
@@ -107,7 +108,7 @@ func TestAnonymousFloodLeavesRoomForLogins(t *testing.T) {
 			case fault && !errors.Is(err, ua.StatusBadTooManySessions):
 				t.Errorf("sessions-outlive-channels: user login %v, want BadTooManySessions", err)
 			}
-			if c := ts.sessions.Counts(); !fault && (c.Anonymous > exhaustMaxSessions/2 || c.AnonymousYielded != exhaustMaxSessions/2) {
+			if c := ts.sessions.Counts(); !fault && (c.Anonymous > exhaustMaxSessions/2 || c.AnonymousRefused != exhaustMaxSessions/2) {
 				t.Errorf("counts %+v", c)
 			}
 		})
@@ -142,18 +143,16 @@ func TestAnonymousOrphansMakeRoom(t *testing.T) {
 
 // TestAnonymousShareYieldsToFresh (issue 44, item 3): the anonymous share
 // full of sessions on live channels does not lock a fresh anonymous client
-// out: its activation closes the session idle longest and it reads; the
-// sessions used since keep theirs. Under anonymous-full-refuses it is
-// refused BadTooManySessions.
+// out for long: beside sessions used a moment ago it is refused, but once
+// one went AnonymousYieldIdle without a request its activation closes the
+// session idle longest and it reads; the sessions used since keep theirs.
+// Under anonymous-full-refuses it is refused BadTooManySessions.
 func TestAnonymousShareYieldsToFresh(t *testing.T) {
 	for _, fault := range []bool{false, true} {
 		t.Run(fmt.Sprintf("anonymous-full-refuses=%v", fault), func(t *testing.T) {
-			var ts *testServer
-			if fault {
-				ts = exhaustServer(t, catalog.FaultAnonymousFullRefuses)
-			} else {
-				ts = exhaustServer(t)
-			}
+			const yieldIdle = 100 * time.Millisecond
+			ts := runServer(t, Config{MaxSessions: exhaustMaxSessions, MaxUnactivatedSessions: exhaustMaxUnactivated,
+				AnonymousYieldIdle: yieldIdle, Faults: Faults{catalog.FaultAnonymousFullRefuses: fault}})
 			var held []*rawSession
 			for range exhaustMaxSessions / 2 {
 				r := createRaw(t, newRawChannel(t, ts.endpoint))
@@ -162,7 +161,12 @@ func TestAnonymousShareYieldsToFresh(t *testing.T) {
 				}
 				held = append(held, r)
 			}
-			time.Sleep(20 * time.Millisecond)
+			// Busy a moment ago: none yields yet.
+			early := createRaw(t, newRawChannel(t, ts.endpoint))
+			if err := early.activate(anonymousToken()); !errors.Is(err, ua.StatusBadTooManySessions) {
+				t.Fatalf("anonymous client beside sessions busy a moment ago: %v, want BadTooManySessions", err)
+			}
+			time.Sleep(2 * yieldIdle)
 			for _, r := range held[1:] { // held[0] stays idle longest
 				if err := r.read(); err != nil {
 					t.Fatal(err)

@@ -214,6 +214,7 @@ func New(cfg Config) (*Server, error) {
 			OutliveChannels:    cfg.Faults.Has(catalog.FaultSessionsOutliveChannels),
 			UnactivatedRefuse:  cfg.Faults.Has(catalog.FaultUnactivatedRefuse),
 			AnonymousRefuse:    cfg.Faults.Has(catalog.FaultAnonymousFullRefuses),
+			YieldIdle:          cfg.AnonymousYieldIdle,
 			Logger:             cfg.Logger,
 		}),
 		start:   time.Now(),

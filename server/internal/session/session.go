@@ -237,6 +237,12 @@ type Limits struct {
 	// an anonymous activation closes an orphaned anonymous session or is
 	// refused BadTooManySessions; sessions on live channels never yield.
 	AnonymousRefuse bool
+	// YieldIdle is how long an anonymous session on a live channel must
+	// have been idle (no request) to yield its place (default
+	// DefaultYieldIdle): a client's busy sessions keep theirs, so a
+	// server at its anonymous share still refuses one more beside them;
+	// sessions held idle by a flood do not lock fresh clients out.
+	YieldIdle time.Duration
 	// NeverExpire is the sessions-never-expire fault: an activated session
 	// idle for longer than its timeout is never closed. Sessions not yet
 	// activated still expire (UnactivatedTimeout, and their own timeout).
@@ -256,6 +262,9 @@ type Limits struct {
 
 // DefaultMaxSessions is Limits.MaxSessions when it is not set.
 const DefaultMaxSessions = 1000
+
+// DefaultYieldIdle is Limits.YieldIdle when it is not set.
+const DefaultYieldIdle = 2 * time.Second
 
 // Counts are the manager's diagnostics.
 type Counts struct {
@@ -335,6 +344,9 @@ func NewManager(lim Limits) *Manager {
 	}
 	if lim.UnactivatedTimeout <= 0 {
 		lim.UnactivatedTimeout = 30 * time.Second
+	}
+	if lim.YieldIdle <= 0 {
+		lim.YieldIdle = DefaultYieldIdle
 	}
 	if lim.Logger == nil {
 		lim.Logger = slog.Default()
@@ -437,9 +449,10 @@ func (m *Manager) oldestLocked(set map[*Session]struct{}, orphans bool) *Session
 // anonymousPlaceLocked makes room for one more anonymous session at the
 // anonymous share: it removes and returns the oldest orphaned anonymous
 // session other than s, else the anonymous session other than s idle
-// longest (its last request the oldest), for the caller to close; nil if
-// the share is not full, or (Limits.AnonymousRefuse) full with no orphan
-// to close: then the activation is refused. m.mu held.
+// longest (its last request the oldest) if idle for Limits.YieldIdle at
+// least, for the caller to close; nil if the share is not full, or full
+// with none to close (under Limits.AnonymousRefuse: no orphan): then the
+// activation is refused. m.mu held.
 func (m *Manager) anonymousPlaceLocked(s *Session) *Session {
 	if len(m.anonymous) < m.lim.MaxAnonymous || m.lim.OutliveChannels {
 		return nil
@@ -460,7 +473,7 @@ func (m *Manager) anonymousPlaceLocked(s *Session) *Session {
 			idlest = o
 		}
 	}
-	if idlest == nil {
+	if idlest == nil || time.Since(time.Unix(0, idlest.lastSeen.Load())) < m.lim.YieldIdle {
 		return nil
 	}
 	m.remove(idlest)

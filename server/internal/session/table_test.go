@@ -117,9 +117,10 @@ func TestAnonymousShare(t *testing.T) {
 }
 
 // TestAnonymousShareYields (issue 44, item 3): with the anonymous share
-// full of sessions on live channels, an anonymous activation closes the
-// one idle longest and is served; a user session turning anonymous does
-// too. Under anonymous-full-refuses it is refused BadTooManySessions.
+// full of sessions on live channels used a moment ago, an anonymous
+// activation is refused; once one was idle for YieldIdle, the activation
+// closes the one idle longest and is served. Under anonymous-full-refuses
+// it is refused BadTooManySessions.
 func TestAnonymousShareYields(t *testing.T) {
 	for _, fault := range []bool{false, true} {
 		m := NewManager(quiet(Limits{MaxSessions: 6, AnonymousRefuse: fault}))
@@ -132,17 +133,21 @@ func TestAnonymousShareYields(t *testing.T) {
 			}
 			anon = append(anon, s)
 		}
-		// anon[1] was idle longest, anon[0] and anon[2] were used since.
-		anon[0].Touch(now.Add(3 * time.Second))
-		anon[2].Touch(now.Add(2 * time.Second))
-		anon[1].Touch(now.Add(time.Second))
+		// Used a moment ago: none yields to a fresh activation.
 		fresh := m.Create("fresh", time.Hour, now)
+		if code := activateOn(fresh, "", 20); code != ua.StatusBadTooManySessions {
+			t.Fatalf("fault=%v: anonymous activation beside busy sessions: %v, want BadTooManySessions", fault, code)
+		}
+		// anon[1] idle longest (beyond YieldIdle), anon[0] and anon[2]
+		// used since.
+		anon[1].Touch(now.Add(-time.Minute))
+		anon[0].Touch(now.Add(-time.Second))
 		code := activateOn(fresh, "", 20)
 		if fault {
 			if code != ua.StatusBadTooManySessions {
 				t.Errorf("anonymous-full-refuses: fresh anonymous activation %v, want BadTooManySessions", code)
 			}
-			if c := m.Counts(); c.AnonymousYielded != 0 || c.AnonymousRefused != 1 {
+			if c := m.Counts(); c.AnonymousYielded != 0 || c.AnonymousRefused != 2 {
 				t.Errorf("anonymous-full-refuses: counts %+v", c)
 			}
 			continue
@@ -153,7 +158,7 @@ func TestAnonymousShareYields(t *testing.T) {
 		if !anon[1].Closed() || anon[0].Closed() || anon[2].Closed() {
 			t.Error("not the session idle longest was closed")
 		}
-		if c := m.Counts(); c.Anonymous != 3 || c.AnonymousYielded != 1 || c.AnonymousRefused != 0 {
+		if c := m.Counts(); c.Anonymous != 3 || c.AnonymousYielded != 1 || c.AnonymousRefused != 1 {
 			t.Errorf("counts %+v", c)
 		}
 	}
