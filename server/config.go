@@ -300,6 +300,11 @@ type Config struct {
 	// (default MaxSessions/2), so anonymous clients cannot take the
 	// places of user logins.
 	MaxAnonymousSessions int
+	// AnonymousYieldIdle is how long an anonymous session on a live
+	// channel must have gone without a request to yield its place to a
+	// fresh anonymous activation at MaxAnonymousSessions (0:
+	// session.DefaultYieldIdle, 2 s).
+	AnonymousYieldIdle time.Duration
 	// NoServiceTimeNodes removes the Slow.<ms> and Busy.<µs> nodes, which
 	// let any client pin the workers (for deployments that must not offer
 	// them).

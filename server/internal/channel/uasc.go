@@ -123,13 +123,15 @@ type Config struct {
 	// chunks-per-channel-only fault).
 	Budget *budget.Budget
 	// IdleTimeout closes the channel with ERR BadTimeout when Active does
-	// not report true that long after the first OpenSecureChannel: a
-	// channel opened and left without an activated session does not hold
-	// a connection forever. Zero: no idle timeout (the idle-after-open
-	// fault).
+	// not report true that long after the first OpenSecureChannel, and
+	// again every IdleTimeout after that: a channel opened and left
+	// without an activated session, or whose sessions were closed, does
+	// not hold a connection forever. Zero: no idle timeout (the
+	// idle-after-open fault).
 	IdleTimeout time.Duration
-	// Active reports whether a session was activated on the channel; the
-	// idle timeout spares such a channel. Nil means never.
+	// Active reports whether the channel holds an activated session now;
+	// the idle timeout spares such a channel until its next check. Nil
+	// means never.
 	Active func() bool
 	// EnforceLifetime closes the channel with ERR
 	// BadSecureChannelTokenUnknown when its security token is not renewed
@@ -761,7 +763,9 @@ func (t *SecureTransport) tokenExpired() {
 }
 
 // armIdle starts the idle timeout after the first OpenSecureChannel
-// (Config.IdleTimeout).
+// (Config.IdleTimeout). A channel that holds an activated session when
+// the timer fires is checked again one IdleTimeout later: a channel is
+// spared while it holds a session, not because it once did.
 func (t *SecureTransport) armIdle() {
 	if t.cfg.IdleTimeout <= 0 {
 		return
@@ -771,12 +775,22 @@ func (t *SecureTransport) armIdle() {
 	if t.stopped {
 		return
 	}
-	t.idle = time.AfterFunc(t.cfg.IdleTimeout, func() {
-		if t.cfg.Active != nil && t.cfg.Active() {
-			return
-		}
+	t.idle = time.AfterFunc(t.cfg.IdleTimeout, t.idleCheck)
+}
+
+// idleCheck is the idle timer's check: it closes the channel with ERR
+// BadTimeout unless it holds an activated session, else arms the timer
+// again.
+func (t *SecureTransport) idleCheck() {
+	if t.cfg.Active == nil || !t.cfg.Active() {
 		t.closeFor(ua.StatusBadTimeout, ErrIdle)
-	})
+		return
+	}
+	t.tokMu.Lock()
+	defer t.tokMu.Unlock()
+	if !t.stopped {
+		t.idle = time.AfterFunc(t.cfg.IdleTimeout, t.idleCheck)
+	}
 }
 
 // closeFor closes the channel from one of its timers with an ERR message
