@@ -229,6 +229,12 @@ const (
 	// FaultThrottlePairOnly throttles failed logins per peer IP and user
 	// only: a fresh user name, or a fresh address, guesses at full speed.
 	FaultThrottlePairOnly Fault = "throttle-pair-only"
+	// FaultResponsesUnbudgeted keeps responses waiting in a channel's
+	// send queue decoded and uncharged, however many bytes they take
+	// (only their count, the high mark, stops the reader), and writes
+	// them without a deadline: a client that pipelines large answers and
+	// never reads them makes the server hold them all.
+	FaultResponsesUnbudgeted Fault = "responses-unbudgeted"
 )
 
 // AllFaults lists every fault switch.
@@ -248,6 +254,7 @@ var AllFaults = []Fault{
 	FaultItemQueuesUnbounded, FaultLongSessionStrings,
 	FaultIdleAfterOpen, FaultSessionsOutliveChannels, FaultUnactivatedRefuse,
 	FaultRSABlocksUnbounded, FaultThrottlePairOnly,
+	FaultResponsesUnbudgeted,
 }
 
 // MinSoak returns the shortest soak (the suites' SOAK setting) in which
