@@ -246,7 +246,9 @@
 // MaxUnsentPerChannel bytes wait, a large response beyond the budget or
 // that share is answered BadResourceUnavailable (a client that reads its
 // small answers is always sent them), and a write that makes no progress
-// for WriteTimeout closes the channel. A channel on
+// for WriteTimeout closes the channel; and parked Publish requests, each
+// keeping only its header and acknowledgement results (BadTooManyPublishRequests
+// when they do not fit). A channel on
 // which no session was activated within IdleTimeout of its
 // OpenSecureChannel is closed, as is one whose token was not renewed within
 // 125 % of its lifetime; at MaxConnections the oldest connection without an
@@ -256,7 +258,7 @@
 // at MaxSessions. Transient accept errors (EMFILE) are backed off; Serve
 // returns within ShutdownTimeout of its context ending (ErrShutdownTimeout
 // if work was still running). The faults crash-on-decode, unbounded-idle
-// and the resource-exhaustion faults (no-byte-budget ... responses-unbudgeted)
+// and the resource-exhaustion faults (no-byte-budget ... parked-publish-whole)
 // bring the old behaviour back, one protection each.
 //
 // # Logging

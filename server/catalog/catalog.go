@@ -235,6 +235,12 @@ const (
 	// them without a deadline: a client that pipelines large answers and
 	// never reads them makes the server hold them all.
 	FaultResponsesUnbudgeted Fault = "responses-unbudgeted"
+	// FaultParkedPublishWhole keeps a parked Publish request whole (its
+	// decoded request with every acknowledgement, besides their results)
+	// and charges it nowhere: parked Publishes are bounded by count only
+	// (MaxPublishRequests per session), so Publishes of 2 MiB of
+	// acknowledgements hold many times that each.
+	FaultParkedPublishWhole Fault = "parked-publish-whole"
 )
 
 // AllFaults lists every fault switch.
@@ -254,7 +260,7 @@ var AllFaults = []Fault{
 	FaultItemQueuesUnbounded, FaultLongSessionStrings,
 	FaultIdleAfterOpen, FaultSessionsOutliveChannels, FaultUnactivatedRefuse,
 	FaultRSABlocksUnbounded, FaultThrottlePairOnly,
-	FaultResponsesUnbudgeted,
+	FaultResponsesUnbudgeted, FaultParkedPublishWhole,
 }
 
 // MinSoak returns the shortest soak (the suites' SOAK setting) in which

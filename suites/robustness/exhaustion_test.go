@@ -63,7 +63,7 @@ var exhaustCatches = []catalog.Fault{
 	catalog.FaultItemQueuesUnbounded, catalog.FaultLongSessionStrings,
 	catalog.FaultIdleAfterOpen, catalog.FaultSessionsOutliveChannels, catalog.FaultUnactivatedRefuse,
 	catalog.FaultRSABlocksUnbounded, catalog.FaultThrottlePairOnly,
-	catalog.FaultResponsesUnbudgeted,
+	catalog.FaultResponsesUnbudgeted, catalog.FaultParkedPublishWhole,
 }
 
 // floodSessions is the session table the session floods go past: the
