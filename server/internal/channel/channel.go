@@ -15,10 +15,11 @@
 // reader while Options.MaxUnsent bytes or more wait (resuming at half of
 // it). A response that comes when the channel already holds its share, or
 // that does not fit in the budget, is answered BadResourceUnavailable
-// instead (a channel goes over its share by one response at most); a small one (the channel's unsent
-// bytes stay within smallUnsent) is always sent, so a client that reads
-// its answers is never refused for another's. A peer that does not read
-// at all is closed by the transport's write deadline.
+// instead (a channel goes over its share by one response at most); a
+// small one (the channel's unsent bytes stay within smallUnsent) is always
+// sent, so a client that reads its answers is never refused for another's.
+// A peer that does not read at all is closed by the transport's write
+// deadline.
 //
 // A request that waits for an event rather than for work (a Publish queued
 // until its subscription has something to send) is parked: Park takes it out
@@ -510,9 +511,9 @@ func (c *Channel) chargeLocked(reqID uint32, resp ua.Response, body []byte) []by
 	return body
 }
 
-// sentLocked gives back the bytes of o once written or dropped, and
-// resumes a reader paused for them at half the channel's share. c.mu must
-// be held.
+// sentLocked gives back the bytes of o once written or dropped (release
+// then resumes a reader paused for them at half the channel's share). c.mu
+// must be held.
 func (c *Channel) sentLocked(o outgoing) {
 	if o.body == nil {
 		return
@@ -523,9 +524,9 @@ func (c *Channel) sentLocked(o outgoing) {
 }
 
 // OverShare reports whether the channel holds its share of unsent
-// response bytes or more (never on a channel that does not budget responses): a
-// request read before the reader stopped is better refused than run, as
-// its answer would be refused once built.
+// response bytes or more (never on a channel that does not budget
+// responses): a request read before the reader stopped is better refused
+// than run, as its answer would be refused once built.
 func (c *Channel) OverShare() bool {
 	if c.enc == nil {
 		return false
