@@ -45,7 +45,7 @@ func TestUnsentBytesBudgeted(t *testing.T) {
 		go func() {
 			done <- ch.Run(ctx, func(ch *Channel, msg Message) { ch.Respond(msg.RequestID, &ua.ReadResponse{}) })
 		}()
-		st := settle(ch)
+		st := settleStats(ch)
 		if fault {
 			if st.Received != 30 || st.Unsent != 0 || b.UsedBy(budget.Responses) != 0 || st.BytePauses != 0 {
 				t.Errorf("responses-unbudgeted: %+v, %d charged: want 30 read (the high mark), nothing charged", st, b.UsedBy(budget.Responses))
@@ -61,7 +61,7 @@ func TestUnsentBytesBudgeted(t *testing.T) {
 		// the reader resumes
 		f.release <- struct{}{}
 		f.release <- struct{}{}
-		if st2 := settle(ch); st2.Received <= st.Received {
+		if st2 := settleStats(ch); st2.Received <= st.Received {
 			t.Errorf("received %d after two answers were written (unsent %d): want the reader resumed", st2.Received, st2.Unsent)
 		}
 		cancel()
@@ -88,7 +88,8 @@ func TestUnsentOverShareRefused(t *testing.T) {
 			time.AfterFunc(50*time.Millisecond, func() { ch.Respond(msg.RequestID, &ua.ReadResponse{}) })
 		})
 	}()
-	st := settle(ch)
+	time.Sleep(200 * time.Millisecond) // the answers come after 50 ms
+	st := settleStats(ch)
 	if st.Received != 40 || st.Refused != 37 || st.Unsent != 300_000+37*40 {
 		t.Errorf("%+v: want 40 read, 37 refused, 301 480 bytes unsent", st)
 	}
@@ -100,8 +101,8 @@ func TestUnsentOverShareRefused(t *testing.T) {
 	}
 }
 
-// settle returns ch's stats once they stop changing (at most 1 s).
-func settle(ch *Channel) Stats {
+// settleStats returns ch's stats once they stop changing (at most 1 s).
+func settleStats(ch *Channel) Stats {
 	var last Stats
 	for range 100 {
 		time.Sleep(10 * time.Millisecond)
