@@ -179,6 +179,10 @@ func New(cfg Config) (*Server, error) {
 	fillDur(&cfg.LoginDelayMax, max(DefaultLoginDelayMax, cfg.LoginDelay))
 	fillDur(&cfg.ShutdownTimeout, DefaultShutdownTimeout)
 	fillDur(&cfg.IdleTimeout, DefaultIdleTimeout)
+	fillDur(&cfg.WriteTimeout, DefaultWriteTimeout)
+	if cfg.MaxUnsentPerChannel <= 0 {
+		cfg.MaxUnsentPerChannel = DefaultMaxUnsent
+	}
 	fill(&cfg.MaxHeldLoginsPerPeer, DefaultMaxHeldLogins)
 	fill(&cfg.MaxSecretBlocks, DefaultMaxSecretBlocks)
 	fill(&cfg.MaxStringLength, DefaultMaxStringLength)
@@ -586,6 +590,11 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 	if s.cfg.Faults.Has(catalog.FaultIdleAfterOpen) {
 		idle = 0
 	}
+	// Fault responses-unbudgeted: a write waits for its peer forever.
+	writeTimeout := s.cfg.WriteTimeout
+	if s.cfg.Faults.Has(catalog.FaultResponsesUnbudgeted) {
+		writeTimeout = 0
+	}
 	id := s.nextChannelID.Add(1)
 	cn.chID = id
 	// Shutdown closes a connection still in its handshake at once.
@@ -619,6 +628,7 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 		CryptoInGate:    s.cfg.Faults.Has(catalog.FaultCryptoInGate),
 		Budget:          chunks,
 		IdleTimeout:     idle,
+		WriteTimeout:    writeTimeout,
 		Active:          func() bool { return s.holdsSession(cn) },
 		EnforceLifetime: !s.cfg.Faults.Has(catalog.FaultIdleAfterOpen),
 	})
@@ -658,8 +668,13 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 		LateResume:      s.cfg.Faults.Has(catalog.FaultLateResume) || s.cfg.Faults.Has(catalog.FaultLateResumeSilent),
 		ParkHoldsSlot:   s.cfg.Faults.Has(catalog.FaultPublishBlocksReader),
 		WriterDropsKick: s.cfg.Faults.Has(catalog.FaultWriterLostWakeup),
-		Logger:          s.log.With("channel", id),
-		OnPanic:         func() { s.stats.panics.Add(1) },
+		Budget:          s.budget,
+		MaxUnsent:       s.cfg.MaxUnsentPerChannel,
+		// Fault responses-unbudgeted: responses wait decoded and
+		// uncharged, however large.
+		UnbudgetedResponses: s.cfg.Faults.Has(catalog.FaultResponsesUnbudgeted),
+		Logger:              s.log.With("channel", id),
+		OnPanic:             func() { s.stats.panics.Add(1) },
 	})
 	s.chans.add(ch)
 	// Deferred, so that it also runs when a panic unwinds the reader.

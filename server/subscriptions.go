@@ -60,6 +60,9 @@ func (s *Server) newSubscriptions() {
 		MaxItemsTotal:      s.cfg.MaxMonitoredItems,
 	}
 	opts.Budget = s.budget // nil under no-byte-budget: queues are bounded by count only
+	// Fault parked-publish-whole: a parked Publish keeps its whole
+	// request, charged nowhere.
+	opts.ParkedKeepsRequest = s.cfg.Faults.Has(catalog.FaultParkedPublishWhole)
 	if s.cfg.Faults.Has(catalog.FaultItemQueuesUnbounded) {
 		// Fault item-queues-unbounded: queue sizes up to 10 000,
 		// allocated whole at creation, charged nowhere.

@@ -255,6 +255,18 @@ const (
 	// ApplicationUri, whatever its certificate (a self-signed one the
 	// attacker made).
 	FaultClaimedURITrusted Fault = "claimed-uri-trusted"
+	// FaultResponsesUnbudgeted keeps responses waiting in a channel's
+	// send queue decoded and uncharged, however many bytes they take
+	// (only their count, the high mark, stops the reader), and writes
+	// them without a deadline: a client that pipelines large answers and
+	// never reads them makes the server hold them all.
+	FaultResponsesUnbudgeted Fault = "responses-unbudgeted"
+	// FaultParkedPublishWhole keeps a parked Publish request whole (its
+	// decoded request with every acknowledgement, besides their results)
+	// and charges it nowhere: parked Publishes are bounded by count only
+	// (MaxPublishRequests per session), so Publishes of 2 MiB of
+	// acknowledgements hold many times that each.
+	FaultParkedPublishWhole Fault = "parked-publish-whole"
 )
 
 // AllFaults lists every fault switch.
@@ -276,6 +288,7 @@ var AllFaults = []Fault{
 	FaultRSABlocksUnbounded, FaultThrottlePairOnly,
 	FaultOnceActivatedSpared, FaultAnonymousFullRefuses, FaultGuessesAcrossAddresses,
 	FaultClaimedURITrusted,
+	FaultResponsesUnbudgeted, FaultParkedPublishWhole,
 }
 
 // MinSoak returns the shortest soak (the suites' SOAK setting) in which

@@ -68,6 +68,7 @@ var exhaustCatches = []catalog.Fault{
 	catalog.FaultRSABlocksUnbounded, catalog.FaultThrottlePairOnly,
 	catalog.FaultOnceActivatedSpared, catalog.FaultAnonymousFullRefuses, catalog.FaultGuessesAcrossAddresses,
 	catalog.FaultClaimedURITrusted,
+	catalog.FaultResponsesUnbudgeted, catalog.FaultParkedPublishWhole,
 }
 
 // floodSessions is the session table the session floods go past: the
