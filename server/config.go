@@ -15,6 +15,7 @@ import (
 
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
+	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
 )
 
 // Default values of Config.
@@ -58,6 +59,12 @@ const (
 	// DefaultIdleTimeout closes a channel with no activated session that
 	// long after OpenSecureChannel.
 	DefaultIdleTimeout = 10 * time.Second
+	// DefaultWriteTimeout closes a channel whose peer takes none of its
+	// responses for that long (a write without progress).
+	DefaultWriteTimeout = 20 * time.Second
+	// DefaultMaxUnsent is a channel's share of response bytes waiting to
+	// be sent (8 MiB): its reader stops above it.
+	DefaultMaxUnsent = channel.DefaultMaxUnsent
 	// DefaultMaxHeldLogins bounds the logins held by the throttle per
 	// peer IP.
 	DefaultMaxHeldLogins = 16
@@ -275,7 +282,8 @@ type Config struct {
 	// MemoryBudget is the byte budget of memory hostile peers can make the
 	// server hold (budget.DefaultLimit, 256 MiB): unfinished chunks of all
 	// channels, queued requests by size, held logins, monitored-item
-	// queues and per-session strings, each class within a share of it
+	// queues, per-session strings and responses waiting to be sent, each
+	// class within a share of it
 	// (see package budget). A request that does not fit is refused with a
 	// status, never held.
 	MemoryBudget int64
@@ -284,6 +292,16 @@ type Config struct {
 	// (DefaultIdleTimeout); the token lifetime is enforced beside it
 	// (a channel not renewed within 125 % of its lifetime is closed).
 	IdleTimeout time.Duration
+	// WriteTimeout closes a secure channel when a write of its responses
+	// makes no progress for that long (DefaultWriteTimeout), releasing
+	// what its send queue held.
+	WriteTimeout time.Duration
+	// MaxUnsentPerChannel is one channel's share of encoded response
+	// bytes waiting to be sent (DefaultMaxUnsent): its reader stops above
+	// it, and a further large response is answered
+	// BadResourceUnavailable. All channels together are bounded by the
+	// memory budget's responses class.
+	MaxUnsentPerChannel int64
 	// MaxHeldLoginsPerPeer bounds the ActivateSession calls the login
 	// throttle holds for one peer IP (DefaultMaxHeldLogins); beyond it
 	// an ActivateSession is answered BadTooManyOperations at once.
@@ -300,6 +318,11 @@ type Config struct {
 	// (default MaxSessions/2), so anonymous clients cannot take the
 	// places of user logins.
 	MaxAnonymousSessions int
+	// AnonymousYieldIdle is how long an anonymous session on a live
+	// channel must have gone without a request to yield its place to a
+	// fresh anonymous activation at MaxAnonymousSessions (0:
+	// session.DefaultYieldIdle, 2 s).
+	AnonymousYieldIdle time.Duration
 	// NoServiceTimeNodes removes the Slow.<ms> and Busy.<µs> nodes, which
 	// let any client pin the workers (for deployments that must not offer
 	// them).

@@ -288,6 +288,13 @@ func (s *Server) execute(j *job) {
 		ctx, cancel = context.WithDeadline(ctx, dl)
 		defer cancel()
 	}
+	if j.ch.OverShare() {
+		// Its channel holds its share of unsent answers (a client that
+		// does not read them): the answer would be refused once built,
+		// so it is not built.
+		j.ch.Respond(j.reqID, s.fault(j.req, ua.StatusBadResourceUnavailable))
+		return
+	}
 	var resp ua.Response
 	switch r := j.req.(type) {
 	case *ua.ReadRequest:

@@ -239,8 +239,16 @@
 // it: unfinished chunks of all channels (ERR BadTcpNotEnoughResources
 // beyond), queued requests by decoded size (BadResourceUnavailable), held
 // logins (BadTooManyOperations), monitored-item queues (an item's
-// BadResourceUnavailable) and per-session strings, capped at
-// MaxStringLength (CreateSession BadResourceUnavailable). A channel on
+// BadResourceUnavailable), per-session strings, capped at
+// MaxStringLength (CreateSession BadResourceUnavailable), and responses
+// waiting in the channels' send queues, encoded by the worker that answers
+// and charged until written: a channel's reader stops while more than
+// MaxUnsentPerChannel bytes wait, a large response beyond the budget or
+// that share is answered BadResourceUnavailable (a client that reads its
+// small answers is always sent them), and a write that makes no progress
+// for WriteTimeout closes the channel; and parked Publish requests, each
+// keeping only its header and acknowledgement results (BadTooManyPublishRequests
+// when they do not fit). A channel on
 // which no session was activated within IdleTimeout of its
 // OpenSecureChannel is closed, as is one whose token was not renewed within
 // 125 % of its lifetime; at MaxConnections the oldest connection without an
@@ -250,7 +258,7 @@
 // at MaxSessions. Transient accept errors (EMFILE) are backed off; Serve
 // returns within ShutdownTimeout of its context ending (ErrShutdownTimeout
 // if work was still running). The faults crash-on-decode, unbounded-idle
-// and the resource-exhaustion faults (no-byte-budget ... throttle-pair-only)
+// and the resource-exhaustion faults (no-byte-budget ... parked-publish-whole)
 // bring the old behaviour back, one protection each.
 //
 // # Logging

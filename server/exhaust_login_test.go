@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -57,11 +58,12 @@ func junkSecret(name string, n int) *ua.UserNameIdentityToken {
 	return &ua.UserNameIdentityToken{PolicyID: PolicyUserName, UserName: name, Password: b, EncryptionAlgorithm: rsaOAEP}
 }
 
-// waiting returns how many attempts with k's pair key the throttle holds.
-func (l *loginThrottle) waiting(k loginKeys) int {
+// waitingFrom returns how many attempts with the peer-IP key ip the
+// throttle holds.
+func (l *loginThrottle) waitingFrom(ip string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if p := l.pairs.peers[k.pair()]; p != nil {
+	if p := l.ips.peers[ip]; p != nil {
 		return p.waiting
 	}
 	return 0
@@ -110,9 +112,11 @@ func TestHeldLoginsCappedPerPeer(t *testing.T) {
 			}
 			answers := make(chan answer, sent)
 			var wg sync.WaitGroup
-			for range sent {
+			for i := range sent {
 				wg.Go(func() {
-					took, err := timedActivate(r, junkSecret("alice", 64<<10))
+					// a fresh user name each: held by the peer's key, not
+					// refused by a user's failed-login budget
+					took, err := timedActivate(r, junkSecret(fmt.Sprintf("fresh%d", i), 64<<10))
 					answers <- answer{err, took}
 				})
 			}
@@ -127,7 +131,7 @@ func TestHeldLoginsCappedPerPeer(t *testing.T) {
 				case errors.Is(a.err, ua.StatusBadTooManyOperations):
 					refused++
 					slowestRefusal = max(slowestRefusal, a.took)
-				case errors.Is(a.err, ua.StatusBadIdentityTokenInvalid):
+				case errors.Is(a.err, ua.StatusBadIdentityTokenInvalid), errors.Is(a.err, ua.StatusBadUserAccessDenied):
 					checked++
 					lastChecked = max(lastChecked, a.took)
 					if a.took < delay*8/10 {
@@ -191,26 +195,29 @@ func TestHeldLoginsReleasedWithChannel(t *testing.T) {
 			}
 			keys := loginKeys{ip: "127.0.0.1", user: "alice"}
 			var wg sync.WaitGroup
-			for range held {
-				wg.Go(func() { _ = r.activate(r.user("alice", "guess", r.nonce)) })
+			for i := range held {
+				// a fresh user name each: held by the peer's key, not
+				// refused by a user's failed-login budget
+				wg.Go(func() { _ = r.activate(r.user(fmt.Sprintf("fresh%d", i), "guess", r.nonce)) })
 			}
 			deadline := time.Now().Add(time.Second)
-			for ts.logins.waiting(keys) < held && time.Now().Before(deadline) {
+			for ts.logins.waitingFrom(keys.ip) < held && time.Now().Before(deadline) {
 				time.Sleep(5 * time.Millisecond)
 			}
-			if n := ts.logins.waiting(keys); n != held {
+			if n := ts.logins.waitingFrom(keys.ip); n != held {
 				t.Fatalf("%d logins held, want %d", n, held)
 			}
 			charged := ts.budget.UsedBy(budget.Logins)
 			closed := time.Now()
 			_ = c.Close(context.Background())
 			wg.Wait()
-			// Give the server's reader time to see the close.
-			deadline = time.Now().Add(time.Second)
-			for ts.logins.waiting(keys) > 0 && time.Now().Before(deadline) {
+			// Give the server's reader time to see the close (not the
+			// held logins' delay: under the fault they would fire).
+			deadline = time.Now().Add(delay / 4)
+			for ts.logins.waitingFrom(keys.ip) > 0 && time.Now().Before(deadline) {
 				time.Sleep(5 * time.Millisecond)
 			}
-			waiting, left, heldBy := ts.logins.waiting(keys), ts.budget.UsedBy(budget.Logins), ts.logins.heldBy(keys.ip)
+			waiting, left, heldBy := ts.logins.waitingFrom(keys.ip), ts.budget.UsedBy(budget.Logins), ts.logins.heldBy(keys.ip)
 			t.Logf("%d held logins charged %d bytes; %v after the channel closed: %d waiting, %d bytes charged, %d held for the peer",
 				held, charged, time.Since(closed).Round(time.Millisecond), waiting, left, heldBy)
 			if fault {
@@ -414,12 +421,97 @@ func TestLoginThrottleBounded(t *testing.T) {
 	if !kept {
 		t.Error("the guesser's pair key (10 failures) was evicted for keys of one failure")
 	}
-	if d := l.reserve(guesser, now, false); d <= 0 {
+	if d, _ := l.reserve(guesser, now, false); d <= 0 {
 		t.Errorf("the guesser's next attempt waits %v, want a delay", d)
 	}
 	// Quiet keys are forgotten.
 	later := now.Add(forgetAfter + time.Second)
-	if d := l.reserve(guesser, later, false); d != 0 {
+	if d, _ := l.reserve(guesser, later, false); d != 0 {
 		t.Errorf("after %v quiet the guesser still waits %v", forgetAfter, d)
+	}
+}
+
+// TestGuessBudgetAcrossAddresses (issue 44, item 9): 8 addresses × 6
+// channels guess alice's password as fast as they are answered for 3 s:
+// the user's failed-login budget answers at most 1/userGuessSpacing
+// failed logins a second past the free ones, whatever the number of
+// addresses (the rest are refused BadTooManyOperations, unchecked), and
+// alice still logs in at once from the address she logged in from
+// before. Under guesses-across-addresses the user key only delays each
+// attempt by up to its cap: the guesses scale with the addresses.
+func TestGuessBudgetAcrossAddresses(t *testing.T) {
+	const (
+		addrs, perAddr = 8, 6
+		span           = 3 * time.Second
+	)
+	for _, fault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
+			cfg := Config{Users: map[string]string{"alice": "secret"}, LoginDelay: 100 * time.Millisecond,
+				LoginDelayMax: time.Second, LoginFreeFailures: 3, Faults: Faults{catalog.FaultGuessesAcrossAddresses: fault}}
+			ts := runServer(t, cfg)
+			home := "127.0.0.9"
+			r := createRaw(t, newRawChannelFrom(t, ts.endpoint, home))
+			if err := r.activate(r.user("alice", "secret", r.nonce)); err != nil {
+				t.Fatalf("alice's first login from %s: %v", home, err)
+			}
+			var guessers []*rawSession
+			for a := range addrs {
+				for range perAddr {
+					guessers = append(guessers, createRaw(t, newRawChannelFrom(t, ts.endpoint, fmt.Sprintf("127.0.0.%d", 20+a))))
+				}
+			}
+			var (
+				mu               sync.Mutex
+				failed           []time.Time
+				refused, unknown int
+			)
+			start := time.Now()
+			var wg sync.WaitGroup
+			for _, g := range guessers {
+				wg.Go(func() {
+					for time.Since(start) < span {
+						err := g.activate(g.user("alice", "guess", g.nonce))
+						mu.Lock()
+						switch {
+						case errors.Is(err, ua.StatusBadUserAccessDenied):
+							failed = append(failed, time.Now())
+						case errors.Is(err, ua.StatusBadTooManyOperations):
+							refused++
+						default:
+							unknown++
+						}
+						mu.Unlock()
+					}
+				})
+			}
+			time.Sleep(span / 2)
+			home2 := createRaw(t, newRawChannelFrom(t, ts.endpoint, home))
+			d, err := timedActivate(home2, home2.user("alice", "secret", home2.nonce))
+			wg.Wait()
+			if err != nil || (!fault && d > 500*time.Millisecond) {
+				t.Errorf("alice from %s during the guessing: %v after %v, want logged in at once", home, err, d)
+			}
+			if unknown > 0 {
+				t.Errorf("%d guesses answered neither BadUserAccessDenied nor BadTooManyOperations", unknown)
+			}
+			// The rate after the first second: the free failures and the
+			// slots the budget hands out within its one-second window
+			// come at once.
+			slices.SortFunc(failed, func(a, b time.Time) int { return a.Compare(b) })
+			steady := slices.DeleteFunc(slices.Clone(failed), func(at time.Time) bool { return at.Before(start.Add(time.Second)) })
+			rate := 0.0
+			if len(steady) > 1 {
+				rate = float64(len(steady)-1) / steady[len(steady)-1].Sub(steady[0]).Seconds()
+			}
+			t.Logf("%d failed logins (%.1f/s after the first second), %d refused unchecked, from %d addresses; alice logged in after %v",
+				len(failed), rate, refused, addrs, d)
+			limit := float64(time.Second) / float64(userGuessSpacing)
+			if !fault && rate > limit*1.15 {
+				t.Errorf("%.1f failed logins a second for one user from %d addresses, over the budget of %.0f", rate, addrs, limit)
+			}
+			if fault && rate < 3*limit {
+				t.Errorf("under %s: %.1f failed logins a second from %d addresses, want far over %.0f", catalog.FaultGuessesAcrossAddresses, rate, addrs, limit)
+			}
+		})
 	}
 }

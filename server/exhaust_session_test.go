@@ -62,8 +62,9 @@ func anonymousToken() *ua.AnonymousIdentityToken {
 
 // TestAnonymousFloodLeavesRoomForLogins: MaxSessions anonymous sessions
 // are tried, each on its own channel, and the channels closed: the
-// anonymous share (MaxSessions/2) refuses the rest BadTooManySessions,
-// and a user login still creates and activates a session. Under the
+// anonymous share (MaxSessions/2) refuses the rest BadTooManySessions
+// (the sessions holding it are busy: none idle for YieldIdle), and a user
+// login still creates and activates a session. Under the
 // sessions-outlive-channels fault all of them are activated and outlive
 // their channels: the login is refused.
 func TestAnonymousFloodLeavesRoomForLogins(t *testing.T) {
@@ -137,6 +138,64 @@ func TestAnonymousOrphansMakeRoom(t *testing.T) {
 	}
 	if n := ts.sessions.Counts().OrphansEvicted; n != 1 {
 		t.Errorf("%d orphans closed, want 1", n)
+	}
+}
+
+// TestAnonymousShareYieldsToFresh (issue 44, item 3): the anonymous share
+// full of sessions on live channels does not lock a fresh anonymous client
+// out for long: beside sessions used a moment ago it is refused, but once
+// one went AnonymousYieldIdle without a request its activation closes the
+// session idle longest and it reads; the sessions used since keep theirs.
+// Under anonymous-full-refuses it is refused BadTooManySessions.
+func TestAnonymousShareYieldsToFresh(t *testing.T) {
+	for _, fault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("anonymous-full-refuses=%v", fault), func(t *testing.T) {
+			const yieldIdle = 100 * time.Millisecond
+			ts := runServer(t, Config{MaxSessions: exhaustMaxSessions, MaxUnactivatedSessions: exhaustMaxUnactivated,
+				AnonymousYieldIdle: yieldIdle, Faults: Faults{catalog.FaultAnonymousFullRefuses: fault}})
+			var held []*rawSession
+			for range exhaustMaxSessions / 2 {
+				r := createRaw(t, newRawChannel(t, ts.endpoint))
+				if err := r.activate(anonymousToken()); err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, r)
+			}
+			// Busy a moment ago: none yields yet.
+			early := createRaw(t, newRawChannel(t, ts.endpoint))
+			if err := early.activate(anonymousToken()); !errors.Is(err, ua.StatusBadTooManySessions) {
+				t.Fatalf("anonymous client beside sessions busy a moment ago: %v, want BadTooManySessions", err)
+			}
+			time.Sleep(2 * yieldIdle)
+			for _, r := range held[1:] { // held[0] stays idle longest
+				if err := r.read(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fresh := createRaw(t, newRawChannel(t, ts.endpoint))
+			err := fresh.activate(anonymousToken())
+			if fault {
+				if !errors.Is(err, ua.StatusBadTooManySessions) {
+					t.Fatalf("anonymous-full-refuses: fresh anonymous client %v, want BadTooManySessions", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("fresh anonymous client at a full anonymous share: %v", err)
+			}
+			if err := fresh.read(); err != nil {
+				t.Errorf("fresh anonymous client's Read: %v", err)
+			}
+			if err := held[0].read(); !errors.Is(err, ua.StatusBadSessionIDInvalid) {
+				t.Errorf("the session idle longest: Read %v, want BadSessionIdInvalid (closed for the fresh client)", err)
+			}
+			if err := held[1].read(); err != nil {
+				t.Errorf("a session used since: %v", err)
+			}
+			if n := ts.sessions.Counts().AnonymousYielded; n != 1 {
+				t.Errorf("%d anonymous sessions yielded, want 1", n)
+			}
+		})
 	}
 }
 

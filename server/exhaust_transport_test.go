@@ -457,3 +457,75 @@ func TestExpiredOldTokenRefused(t *testing.T) {
 		t.Fatalf("previous token after its expiry: %v, want ERR BadSecureChannelTokenUnknown", err)
 	}
 }
+
+// closeRawSession closes c's session (CloseSession) and forgets its token.
+func closeRawSession(t *testing.T, c *uawire.Conn) {
+	t.Helper()
+	r, err := c.Call(&ua.CloseSessionRequest{DeleteSubscriptions: true})
+	if err != nil || r.Status() != ua.StatusOK {
+		t.Fatalf("CloseSession: %v %v", r, err)
+	}
+	c.Token = nil
+}
+
+// TestClosedSessionsNotSpared (issue 44, item 2): connections that
+// activated a session and closed it hold no session; at the connection
+// limit the oldest of them is evicted for a new client, and the idle
+// timeout closes them, while a connection that still holds its session
+// is spared by both. Under once-activated-spared they are spared for
+// good: the new client is refused BadMaxConnectionsReached and the idle
+// channels stay open.
+func TestClosedSessionsNotSpared(t *testing.T) {
+	const (
+		limit = 4
+		idle  = 400 * time.Millisecond
+	)
+	for _, fault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
+			ts := runServer(t, Config{MaxConnections: limit, IdleTimeout: idle,
+				Faults: Faults{catalog.FaultOnceActivatedSpared: fault}})
+			holder := rawChannel(t, ts.addr, uacp.Hello{})
+			if err := holder.Session(nil); err != nil {
+				t.Fatal(err)
+			}
+			closers := make([]*uawire.Conn, limit-1)
+			for i := range closers {
+				closers[i] = rawChannel(t, ts.addr, uacp.Hello{})
+				if err := closers[i].Session(nil); err != nil {
+					t.Fatal(err)
+				}
+				closeRawSession(t, closers[i])
+			}
+			waitFor(t, "the connections", func() bool { return ts.openConns.Load() == limit })
+			victim, err := uawire.Dial(ts.addr, uacp.Hello{})
+			if fault {
+				var em *uawire.ErrorMessage
+				if !errors.As(err, &em) || em.Code != ua.StatusBadMaxConnectionsReached {
+					t.Fatalf("new client under the fault: %v, want ERR BadMaxConnectionsReached", err)
+				}
+				stillOpen(t, closers[1], 3*idle, "idle channel whose session was closed, under the fault")
+			} else {
+				if err != nil {
+					t.Fatalf("new client at the limit: %v", err)
+				}
+				defer victim.Close()
+				_ = victim.SetDeadline(time.Now().Add(10 * time.Second))
+				if err := victim.Open(); err != nil {
+					t.Fatalf("new client's OpenSecureChannel: %v", err)
+				}
+				if err := victim.Session(nil); err != nil {
+					t.Fatalf("new client's session: %v", err)
+				}
+				if code, _ := awaitClose(t, closers[0], 5*time.Second); code != ua.StatusBadTCPNotEnoughResources {
+					t.Errorf("oldest channel without a session closed with %v, want ERR BadTcpNotEnoughResources", code)
+				}
+				if code, _ := awaitClose(t, closers[1], 10*idle); code != ua.StatusBadTimeout {
+					t.Errorf("idle channel whose session was closed: %v, want ERR BadTimeout", code)
+				}
+			}
+			if r, err := holder.Call(statusRead()); err != nil || r.Status() != ua.StatusOK {
+				t.Errorf("Read on the channel that holds its session: %v %v", r, err)
+			}
+		})
+	}
+}

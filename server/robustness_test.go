@@ -474,7 +474,8 @@ func TestIssue14SessionTakeover(t *testing.T) {
 // failed logins from one peer, each further attempt waits (doubling up to
 // the cap); pipelined guesses wait too, each at most the cap from its
 // arrival (issue 32: no queue of timers), and beyond MaxHeldLoginsPerPeer
-// they are refused BadTooManyOperations at once; other requests, of this
+// they are refused BadTooManyOperations at once (pipelined under fresh
+// user names: one user's are bounded by its budget, issue 44); other requests, of this
 // client and others, are not held up; a success resets.
 func TestIssue14FailedLoginsDelayed(t *testing.T) {
 	const base, maxDelay = 40 * time.Millisecond, 160 * time.Millisecond
@@ -504,9 +505,12 @@ func TestIssue14FailedLoginsDelayed(t *testing.T) {
 	var last time.Duration
 	var refused, early int
 	var mu sync.Mutex
-	for range 20 {
+	for i := range 20 {
 		wg.Go(func() {
-			err := activate(t, c, token, userToken("user1", "guess"))
+			// a fresh user name each (issue 44): held by the peer's
+			// key; one user's guesses in flight are bounded by the
+			// user's failed-login budget instead
+			err := activate(t, c, token, userToken(fmt.Sprintf("fresh%d", i), "guess"))
 			mu.Lock()
 			defer mu.Unlock()
 			took := time.Since(start)
@@ -534,7 +538,9 @@ func TestIssue14FailedLoginsDelayed(t *testing.T) {
 	if want := 20 - DefaultMaxHeldLogins; refused != want {
 		t.Errorf("%d of 20 pipelined guesses refused, want %d (beyond MaxHeldLoginsPerPeer)", refused, want)
 	}
-	if early > 0 {
+	if early > 1 {
+		// (the first may take the slot the peer key's last sequential
+		// guess left it, less than the cap away)
 		t.Errorf("%d pipelined guesses answered before the delay %v", early, maxDelay)
 	}
 	if last > 4*maxDelay {

@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -478,19 +479,27 @@ func TestFaultCryptoInGateStallsSecuredPipelines(t *testing.T) {
 
 // TestTransferSubscriptionsRule: Part 4's rule (5.14.7.1): a session of
 // the same user takes a subscription; an anonymous session takes one of
-// an anonymous session only with the same client ApplicationUri and over a
-// Sign or SignAndEncrypt channel of its own; anything else is
+// an anonymous session only with the same client ApplicationUri, over a
+// Sign or SignAndEncrypt channel of its own, and created with the same
+// client certificate (issue 44: a URI merely claimed, over None or in
+// another certificate, is no identity); anything else is
 // BadUserAccessDenied.
 func TestTransferSubscriptionsRule(t *testing.T) {
 	endpoint, _ := startServer(t, Config{Counters: 4})
 	key, cert := clientCredentials(t, testClientURI)
 	sign := secureClient{policy: ua.SecurityPolicyURIBasic256Sha256, mode: ua.MessageSecurityModeSign, key: key, cert: cert}
+	const otherURI = "urn:opcua-chaos:other-client"
+	otherKey, otherCert := clientCredentials(t, otherURI)
+	other := secureClient{policy: sign.policy, mode: sign.mode, key: otherKey, cert: otherCert}
+	thiefKey, thiefCert := clientCredentials(t, testClientURI) // claims the same ApplicationUri
+	thief := secureClient{policy: sign.policy, mode: sign.mode, key: thiefKey, cert: thiefCert}
 	noneAnon := func(appURI string) []opcua.Option {
 		return []opcua.Option{anonymous(t, endpoint), opcua.ApplicationURI(appURI)}
 	}
-	signAnon := func(appURI string) []opcua.Option {
-		return append(sign.options(t, endpoint, ua.UserTokenTypeAnonymous), opcua.ApplicationURI(appURI))
+	signAnonAs := func(sc secureClient, appURI string) []opcua.Option {
+		return append(sc.options(t, endpoint, ua.UserTokenTypeAnonymous), opcua.ApplicationURI(appURI))
 	}
+	signAnon := func(appURI string) []opcua.Option { return signAnonAs(sign, appURI) }
 	signUser := func() []opcua.Option {
 		return append(sign.options(t, endpoint, ua.UserTokenTypeUserName), opcua.AuthUsername("user1", "password"))
 	}
@@ -501,8 +510,9 @@ func TestTransferSubscriptionsRule(t *testing.T) {
 	}{
 		{"anonymous to anonymous over None", noneAnon(testClientURI), noneAnon(testClientURI), ua.StatusBadUserAccessDenied},
 		{"anonymous to anonymous over Sign, same ApplicationUri", signAnon(testClientURI), signAnon(testClientURI), ua.StatusOK},
-		{"anonymous over None to anonymous over Sign, same ApplicationUri", noneAnon(testClientURI), signAnon(testClientURI), ua.StatusOK},
-		{"anonymous to anonymous over Sign, other ApplicationUri", signAnon(testClientURI), signAnon("urn:opcua-chaos:other-client"), ua.StatusBadUserAccessDenied},
+		{"anonymous over None to anonymous over Sign, same ApplicationUri", noneAnon(testClientURI), signAnon(testClientURI), ua.StatusBadUserAccessDenied},
+		{"anonymous to anonymous over Sign, other ApplicationUri", signAnon(testClientURI), signAnonAs(other, otherURI), ua.StatusBadUserAccessDenied},
+		{"anonymous to anonymous over Sign, same ApplicationUri in another certificate", signAnon(testClientURI), signAnonAs(thief, testClientURI), ua.StatusBadUserAccessDenied},
 		{"anonymous to user", signAnon(testClientURI), signUser(), ua.StatusBadUserAccessDenied},
 		{"user to anonymous", signUser(), signAnon(testClientURI), ua.StatusBadUserAccessDenied},
 		{"user to the same user over None", []opcua.Option{asUser(t, endpoint, "user1", "password")}, []opcua.Option{asUser(t, endpoint, "user1", "password")}, ua.StatusOK},
@@ -668,6 +678,51 @@ func TestFaultCertCachedAcrossChannels(t *testing.T) {
 			}
 			if h := openSecuredRaw(t, endpoint, key1, cert1); !bytes.Equal(h.ReceiverThumbprint, thumb1) {
 				t.Errorf("first client again: response for thumbprint %x, want its own %x", h.ReceiverThumbprint, thumb1)
+			}
+		})
+	}
+}
+
+// TestClaimedURIRefused (issue 44, item 10): on a secured channel
+// CreateSession with an ApplicationUri that is not the client
+// certificate's subjectAltName URI is refused BadCertificateUriInvalid,
+// and a self-signed certificate that names the victim's ApplicationUri
+// does not take the victim's anonymous subscription
+// (BadUserAccessDenied). Under claimed-uri-trusted the session is created
+// and the subscription transferred: its data reaches the thief.
+func TestClaimedURIRefused(t *testing.T) {
+	for _, fault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) {
+			endpoint, _ := startServer(t, Config{Counters: 4, Faults: Faults{catalog.FaultClaimedURITrusted: fault}})
+			key, cert := clientCredentials(t, testClientURI)
+			victim := secureClient{policy: ua.SecurityPolicyURIBasic256Sha256, mode: ua.MessageSecurityModeSignAndEncrypt, key: key, cert: cert}
+			thiefKey, thiefCert := clientCredentials(t, testClientURI)
+			thief := secureClient{policy: victim.policy, mode: victim.mode, key: thiefKey, cert: thiefCert}
+
+			c, err := dial(endpoint, append(thief.options(t, endpoint, ua.UserTokenTypeAnonymous), opcua.ApplicationURI("urn:opcua-chaos:not-in-the-certificate"))...)
+			switch {
+			case !fault && !errors.Is(err, ua.StatusBadCertificateURIInvalid):
+				t.Errorf("CreateSession with an ApplicationUri not in the certificate: %v, want BadCertificateUriInvalid", err)
+			case fault && err != nil:
+				t.Errorf("under the fault: CreateSession with an ApplicationUri not in the certificate: %v, want created", err)
+			}
+			if c != nil {
+				closeChannel(t, c)
+			}
+
+			from := connect(t, endpoint, victim.options(t, endpoint, ua.UserTokenTypeAnonymous)...)
+			sub := subscribeCounter(t, from)
+			to := connect(t, endpoint, thief.options(t, endpoint, ua.UserTokenTypeAnonymous)...)
+			r, err := sendSvc(t, to, &ua.TransferSubscriptionsRequest{SubscriptionIDs: []uint32{sub}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := ua.StatusBadUserAccessDenied
+			if fault {
+				want = ua.StatusOK
+			}
+			if got := r.(*ua.TransferSubscriptionsResponse).Results[0].StatusCode; got != want {
+				t.Errorf("transfer to a self-signed certificate claiming the ApplicationUri: %v, want %v", got, want)
 			}
 		})
 	}

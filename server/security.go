@@ -54,7 +54,16 @@ func (s *Server) throttledActivate(cn *conn, ch *channel.Channel, reqID uint32, 
 		return
 	}
 	keys := s.loginKeys(cn.remoteIP, r.UserIdentityToken)
-	wait := s.logins.reserve(keys, now, false)
+	wait, over := s.logins.reserve(keys, now, false)
+	if over {
+		// The user's failed-login budget is spent for the next
+		// second, whatever address this comes from: answered at once,
+		// unchecked, so it tells a guesser nothing.
+		s.stats.loginsOverBudget.Add(1)
+		s.log.Debug("login refused: the user's failed-login budget is spent", "remote", cn.remoteIP, "user", keys.user)
+		ch.Respond(reqID, s.fault(r, ua.StatusBadTooManyOperations))
+		return
+	}
 	if wait <= 0 {
 		resp := s.activateSession(cn, r, now)
 		s.logins.done(keys, loginOutcome(resp), time.Now())
@@ -103,7 +112,7 @@ func (s *Server) holdWholeActivate(cn *conn, ch *channel.Channel, reqID uint32, 
 		s.logins.done(keys, loginOutcome(resp), time.Now())
 		ch.Respond(reqID, resp)
 	}
-	wait := s.logins.reserve(keys, now, true)
+	wait, _ := s.logins.reserve(keys, now, true)
 	if wait <= 0 {
 		run()
 		return
@@ -297,7 +306,16 @@ func userName(eo *ua.ExtensionObject) string {
 //     (every client of the suites comes through one proxy) beyond the
 //     shared keys' short delays;
 //   - the user name alone (user-name tokens only), from any address: many
-//     addresses guessing one user's password;
+//     addresses guessing one user's password. This key is a server-wide
+//     budget: once its free failures are spent (failed or in flight),
+//     its attempts are spaced userGuessSpacing apart at least, and one
+//     that would wait beyond the key's cap is refused at once,
+//     unchecked (BadTooManyOperations): at most 1/userGuessSpacing
+//     failed logins a second per user, whatever the number of addresses
+//     and attempts in flight. An address the user logged in from
+//     (trustedPairs) is spared it while its pair key has fewer than
+//     free failures, so an attacker guessing a user's password does not
+//     lock the user out where it logged in before;
 //   - the peer IP alone, for any user (user-name tokens only): one
 //     address guessing with a fresh user name every few tries.
 //
@@ -308,16 +326,23 @@ func userName(eo *ua.ExtensionObject) string {
 //
 // The shared keys' delays are capped at sharedDelayMax, so an attacker
 // cannot lock a real user, or the other clients behind an address, out
-// for long. Under the fault throttle-pair-only only the pair counts.
+// for long. Under the fault throttle-pair-only only the pair counts; under
+// guesses-across-addresses the user key is capped like the peer IP's, not
+// a budget: attempts from many addresses each wait at most its cap,
+// however many are in flight.
 type loginKeys struct {
 	ip       string
 	user     string // clipped (clipUser); "" for anonymous and other tokens
 	pairOnly bool
+	// capped is the fault guesses-across-addresses: the user key is no
+	// budget.
+	capped bool
 }
 
 // loginKeys returns the throttle keys of an attempt from ip with identity.
 func (s *Server) loginKeys(ip string, identity *ua.ExtensionObject) loginKeys {
-	return loginKeys{ip: ip, user: s.clipUser(userName(identity)), pairOnly: s.cfg.Faults.Has(catalog.FaultThrottlePairOnly)}
+	return loginKeys{ip: ip, user: s.clipUser(userName(identity)), pairOnly: s.cfg.Faults.Has(catalog.FaultThrottlePairOnly),
+		capped: s.cfg.Faults.Has(catalog.FaultGuessesAcrossAddresses)}
 }
 
 // pair is the key of the pair table.
@@ -383,6 +408,9 @@ type loginThrottle struct {
 	mu                sync.Mutex
 	pairs, users, ips loginTable
 	held              map[string]int // held logins per peer IP
+	// trusted holds, per pair key, the last successful login with a
+	// user name from that address (at most maxLoginPeers).
+	trusted map[string]time.Time
 }
 
 // loginTable is the throttle state of one kind of key.
@@ -412,6 +440,9 @@ const (
 	sharedForgetAfter = time.Minute
 	// evictSample is how many keys a full table looks at to evict one.
 	evictSample = 16
+	// userGuessSpacing spaces the attempts of a user key past its free
+	// failures: at most 4 failed logins a second per user, server-wide.
+	userGuessSpacing = 250 * time.Millisecond
 )
 
 func newLoginThrottle(free int, base, max time.Duration) *loginThrottle {
@@ -419,13 +450,56 @@ func newLoginThrottle(free int, base, max time.Duration) *loginThrottle {
 		return loginTable{cap: cap, forget: forget, peers: make(map[string]*loginPeer)}
 	}
 	return &loginThrottle{
-		free:  free,
-		base:  base,
-		pairs: table(max, forgetAfter),
-		users: table(min(max, sharedDelayMax), sharedForgetAfter),
-		ips:   table(min(max, sharedDelayMax), sharedForgetAfter),
-		held:  make(map[string]int),
+		free:    free,
+		base:    base,
+		pairs:   table(max, forgetAfter),
+		users:   table(min(max, sharedDelayMax), sharedForgetAfter),
+		ips:     table(min(max, sharedDelayMax), sharedForgetAfter),
+		held:    make(map[string]int),
+		trusted: make(map[string]time.Time),
 	}
+}
+
+// budgeted reports whether the user key of k is a budget for this attempt
+// (see loginKeys): a user-name attempt from an address the user did not
+// log in from lately, or whose pair key has failed free times. l.mu held.
+func (l *loginThrottle) budgeted(k loginKeys, now time.Time) bool {
+	if k.user == "" || k.pairOnly || k.capped {
+		return false
+	}
+	at, ok := l.trusted[k.pair()]
+	if !ok || now.Sub(at) > forgetAfter {
+		return true
+	}
+	p := l.pairs.peer(k.pair(), now)
+	return p != nil && p.failures >= l.free
+}
+
+// trust records a successful login with a user name from k's address.
+// l.mu held.
+func (l *loginThrottle) trust(k loginKeys, now time.Time) {
+	if k.user == "" {
+		return
+	}
+	if _, ok := l.trusted[k.pair()]; !ok && len(l.trusted) >= maxLoginPeers {
+		for key, at := range l.trusted { // map order is random
+			if now.Sub(at) > forgetAfter || len(l.trusted) >= maxLoginPeers {
+				delete(l.trusted, key)
+			}
+			if len(l.trusted) < maxLoginPeers {
+				break
+			}
+		}
+	}
+	l.trusted[k.pair()] = now
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // penalty is the spacing after n failures (n ≥ free), at most limit.
@@ -454,11 +528,30 @@ func (l *loginThrottle) each(k loginKeys, f func(t *loginTable, key string)) {
 // its key's cap. It reserves the attempt's slot with every key. legacy is
 // the fault login-holds-requests: slots queue without a cap, and each
 // penalty grows with the attempts waiting.
-func (l *loginThrottle) reserve(k loginKeys, now time.Time, legacy bool) time.Duration {
+//
+// over reports an attempt refused by its user key's budget (see
+// loginKeys): its free failures spent and its next slot beyond its cap.
+// Nothing is reserved for it; it must be answered unchecked.
+func (l *loginThrottle) reserve(k loginKeys, now time.Time, legacy bool) (wait time.Duration, over bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var wait time.Duration
+	budget := !legacy && l.budgeted(k, now)
+	// an address the user logged in from lately is spared the user key
+	trusted := !legacy && !budget && k.user != "" && !k.pairOnly && !k.capped
+	if budget {
+		if p := l.users.peer(k.user, now); p != nil && p.failures+p.waiting >= l.free && p.next.After(now.Add(l.users.cap)) {
+			p.last = now
+			return 0, true
+		}
+	}
 	l.each(k, func(t *loginTable, key string) {
+		if t == &l.users && budget {
+			wait = max(wait, l.budgetSlot(t, key, now))
+			return
+		}
+		if t == &l.users && trusted {
+			return
+		}
 		p := t.peer(key, now)
 		if p == nil {
 			return
@@ -483,7 +576,34 @@ func (l *loginThrottle) reserve(k loginKeys, now time.Time, legacy bool) time.Du
 		}
 		wait = max(wait, slot.Sub(now))
 	})
-	return wait
+	return wait, false
+}
+
+// budgetSlot reserves an attempt's slot with a user key used as a budget
+// and returns its wait: none while its failures and attempts in flight
+// are fewer than free, else its next slot, which moves on by the penalty
+// and at least userGuessSpacing, at most the key's cap (reserve refused
+// it if that slot was beyond the cap). l.mu held.
+func (l *loginThrottle) budgetSlot(t *loginTable, key string, now time.Time) time.Duration {
+	p := t.peer(key, now)
+	if p == nil {
+		p = t.add(key, now)
+	}
+	inFlight := p.waiting
+	p.waiting++
+	p.last = now
+	if p.failures+inFlight < l.free {
+		return 0
+	}
+	slot := p.next
+	if slot.Before(now) {
+		slot = now
+	}
+	// spaced userGuessSpacing at least, but never beyond the key's cap
+	// (a LoginDelayMax configured below it): an attempt that waited for
+	// its slot is never refused
+	p.next = slot.Add(min(max(l.penalty(p.failures+1, t.cap), userGuessSpacing), t.cap))
+	return slot.Sub(now)
 }
 
 // done records how an attempt with keys k ended.
@@ -493,8 +613,18 @@ func (l *loginThrottle) done(k loginKeys, o outcome, now time.Time) {
 	l.each(k, func(t *loginTable, key string) {
 		p := t.peer(key, now)
 		switch {
+		case o == loginSuccess && t == &l.users && !k.capped:
+			// The user's budget is not reset by a success: the user
+			// logging in elsewhere must not hand the guessers a fresh
+			// burst (the user's own addresses are spared it: trust).
+			if p != nil {
+				p.waiting = max(p.waiting-1, 0)
+			}
 		case o == loginSuccess && (k.user != "" || t == &l.pairs):
 			delete(t.peers, key)
+			if t == &l.pairs {
+				l.trust(k, now)
+			}
 		case o == loginFailure:
 			if p == nil {
 				p = t.add(key, now)
@@ -503,8 +633,9 @@ func (l *loginThrottle) done(k loginKeys, o outcome, now time.Time) {
 			p.failures++
 			p.last = now
 			if p.failures == l.free {
-				// The next attempt waits the first penalty.
-				p.next = now.Add(l.penalty(p.failures, t.cap))
+				// The next attempt waits the first penalty (or its
+				// slot reserved already, if later).
+				p.next = later(p.next, now.Add(l.penalty(p.failures, t.cap)))
 			}
 		case p != nil:
 			p.waiting = max(p.waiting-1, 0)

@@ -108,6 +108,7 @@ type stats struct {
 	panics            atomic.Int64 // panics recovered (handlers, workers, connections)
 	decodingErrors    atomic.Int64 // requests answered BadDecodingError
 	loginsDelayed     atomic.Int64 // ActivateSession calls held back by the login throttle
+	loginsOverBudget  atomic.Int64 // ActivateSession calls refused unchecked: the user's failed-login budget was spent
 }
 
 // New validates cfg, fills in defaults and returns a server.
@@ -178,6 +179,10 @@ func New(cfg Config) (*Server, error) {
 	fillDur(&cfg.LoginDelayMax, max(DefaultLoginDelayMax, cfg.LoginDelay))
 	fillDur(&cfg.ShutdownTimeout, DefaultShutdownTimeout)
 	fillDur(&cfg.IdleTimeout, DefaultIdleTimeout)
+	fillDur(&cfg.WriteTimeout, DefaultWriteTimeout)
+	if cfg.MaxUnsentPerChannel <= 0 {
+		cfg.MaxUnsentPerChannel = DefaultMaxUnsent
+	}
 	fill(&cfg.MaxHeldLoginsPerPeer, DefaultMaxHeldLogins)
 	fill(&cfg.MaxSecretBlocks, DefaultMaxSecretBlocks)
 	fill(&cfg.MaxStringLength, DefaultMaxStringLength)
@@ -212,6 +217,8 @@ func New(cfg Config) (*Server, error) {
 			MaxAnonymous:       cfg.MaxAnonymousSessions,
 			OutliveChannels:    cfg.Faults.Has(catalog.FaultSessionsOutliveChannels),
 			UnactivatedRefuse:  cfg.Faults.Has(catalog.FaultUnactivatedRefuse),
+			AnonymousRefuse:    cfg.Faults.Has(catalog.FaultAnonymousFullRefuses),
+			YieldIdle:          cfg.AnonymousYieldIdle,
 			Logger:             cfg.Logger,
 		}),
 		start:   time.Now(),
@@ -383,10 +390,13 @@ var errEvicted = errors.New("evicted at the connection limit: no session activat
 // admitConn registers a new connection, or returns nil if it must be refused.
 // At MaxConnections it makes room by evicting the connection that has
 // gone longest without an activated session (a handshake pending, or a
-// secure channel open with none activated), oldest first: one peer's idle
+// secure channel open that holds no activated session now: none was
+// activated, or its sessions were closed), oldest first: one peer's idle
 // connections cannot lock every other client out, even when all of them
-// come through one proxy address. Only when every connection has an
-// activated session is the new one refused. (Fault unbounded-idle: no
+// come through one proxy address. Only when every connection holds an
+// activated session is the new one refused. (Fault
+// once-activated-spared: a connection that ever activated one is
+// spared.) (Fault unbounded-idle: no
 // limit; fault idle-after-open: refuse at the limit, evict nothing.)
 func (s *Server) admitConn(c net.Conn) *conn {
 	cn := &conn{nc: c, since: time.Now()}
@@ -398,7 +408,7 @@ func (s *Server) admitConn(c net.Conn) *conn {
 		}
 		var victim *conn
 		for o := range s.conns {
-			if o.evicted || o.active.Load() {
+			if o.evicted || s.holdsSession(o) {
 				continue
 			}
 			if victim == nil || o.since.Before(victim.since) {
@@ -416,6 +426,17 @@ func (s *Server) admitConn(c net.Conn) *conn {
 	s.conns[cn] = struct{}{}
 	s.openConns.Add(1)
 	return cn
+}
+
+// holdsSession reports whether cn's secure channel holds an activated
+// session now: what spares it from eviction at the connection limit and
+// from the idle timeout. Under the once-activated-spared fault it is
+// whether a session was ever activated on it.
+func (s *Server) holdsSession(cn *conn) bool {
+	if s.cfg.Faults.Has(catalog.FaultOnceActivatedSpared) {
+		return cn.active.Load()
+	}
+	return cn.active.Load() && s.sessions.Holds(cn.chID)
 }
 
 // forgetConn unregisters a connection whose goroutine ends.
@@ -521,10 +542,12 @@ type conn struct {
 	queued      queued          // its requests in the fair queue
 	maxResponse int             // largest response the client accepts
 	reads       atomic.Int64    // Reads executed (the lost-response fault counts them)
-	// active is set once a session was activated on this channel: the
-	// idle timeout after OpenSecureChannel and eviction at the connection
-	// limit spare it from then on.
+	// active is set once a session was activated on this channel; only
+	// the once-activated-spared fault reads it (holdsSession).
 	active atomic.Bool
+	// chID is the secure channel id the connection is given before its
+	// handshake: the key of its sessions in the session manager.
+	chID uint32
 	// security returns the channel's security (None until a secured
 	// OpenSecureChannel was served).
 	security func() channel.ChannelSecurity
@@ -567,7 +590,13 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 	if s.cfg.Faults.Has(catalog.FaultIdleAfterOpen) {
 		idle = 0
 	}
+	// Fault responses-unbudgeted: a write waits for its peer forever.
+	writeTimeout := s.cfg.WriteTimeout
+	if s.cfg.Faults.Has(catalog.FaultResponsesUnbudgeted) {
+		writeTimeout = 0
+	}
 	id := s.nextChannelID.Add(1)
+	cn.chID = id
 	// Shutdown closes a connection still in its handshake at once.
 	stopClose := context.AfterFunc(ctx, func() { _ = c.Close() })
 	t, err := channel.Accept(c, channel.Config{
@@ -599,7 +628,8 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 		CryptoInGate:    s.cfg.Faults.Has(catalog.FaultCryptoInGate),
 		Budget:          chunks,
 		IdleTimeout:     idle,
-		Active:          cn.active.Load,
+		WriteTimeout:    writeTimeout,
+		Active:          func() bool { return s.holdsSession(cn) },
 		EnforceLifetime: !s.cfg.Faults.Has(catalog.FaultIdleAfterOpen),
 	})
 	stopClose()
@@ -638,8 +668,13 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 		LateResume:      s.cfg.Faults.Has(catalog.FaultLateResume) || s.cfg.Faults.Has(catalog.FaultLateResumeSilent),
 		ParkHoldsSlot:   s.cfg.Faults.Has(catalog.FaultPublishBlocksReader),
 		WriterDropsKick: s.cfg.Faults.Has(catalog.FaultWriterLostWakeup),
-		Logger:          s.log.With("channel", id),
-		OnPanic:         func() { s.stats.panics.Add(1) },
+		Budget:          s.budget,
+		MaxUnsent:       s.cfg.MaxUnsentPerChannel,
+		// Fault responses-unbudgeted: responses wait decoded and
+		// uncharged, however large.
+		UnbudgetedResponses: s.cfg.Faults.Has(catalog.FaultResponsesUnbudgeted),
+		Logger:              s.log.With("channel", id),
+		OnPanic:             func() { s.stats.panics.Add(1) },
 	})
 	s.chans.add(ch)
 	// Deferred, so that it also runs when a panic unwinds the reader.

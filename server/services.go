@@ -3,8 +3,12 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"net/url"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -233,6 +237,19 @@ func (s *Server) endpoints(url string) []*ua.EndpointDescription {
 	return eps
 }
 
+// certificateNames checks that the DER certificate cert names uri in its
+// subjectAltName.
+func certificateNames(cert []byte, uri string) error {
+	c, err := x509.ParseCertificate(cert)
+	if err != nil {
+		return fmt.Errorf("client certificate: %w", err)
+	}
+	if uri == "" || !slices.ContainsFunc(c.URIs, func(u *url.URL) bool { return u.String() == uri }) {
+		return fmt.Errorf("ApplicationUri %q is not a subjectAltName URI of the client certificate (%d URIs)", uri, len(c.URIs))
+	}
+	return nil
+}
+
 // createSession serves CreateSession. On a secured channel the client
 // certificate, if sent, must be the channel's (Part 4, 5.6.2:
 // BadCertificateInvalid otherwise), the client nonce at least 32 bytes
@@ -260,12 +277,25 @@ func (s *Server) createSession(cn *conn, r *ua.CreateSessionRequest, now time.Ti
 			return s.fault(r, ua.StatusBadInternalError)
 		}
 	}
+	var clientURI string
+	if r.ClientDescription != nil {
+		clientURI = r.ClientDescription.ApplicationURI
+	}
+	certHash := ""
+	if sec.Secured() {
+		// Part 4, 5.6.2: the ApplicationUri must be the client
+		// certificate's subjectAltName URI. (Fault claimed-uri-trusted:
+		// not checked.)
+		if err := certificateNames(sec.ClientCertificate, clientURI); err != nil && !s.cfg.Faults.Has(catalog.FaultClaimedURITrusted) {
+			s.log.Info("session refused: ApplicationUri not in the client certificate", "channel", cn.id, "err", err)
+			return s.fault(r, ua.StatusBadCertificateURIInvalid)
+		}
+		sum := sha256.Sum256(sec.ClientCertificate)
+		certHash = string(sum[:])
+	}
 	// The client strings the session keeps, capped, and their charge.
 	name := s.keepString(r.SessionName)
-	var appURI string
-	if r.ClientDescription != nil {
-		appURI = s.keepString(r.ClientDescription.ApplicationURI)
-	}
+	appURI := s.keepString(clientURI)
 	var cost int64
 	if !s.cfg.Faults.Has(catalog.FaultLongSessionStrings) {
 		// (Fault long-session-strings: kept whole, and not charged.)
@@ -286,7 +316,7 @@ func (s *Server) createSession(cn *conn, r *ua.CreateSessionRequest, now time.Ti
 	// Given back when the session is closed, expires or the server stops
 	// (at once if it is already gone).
 	sess.OnClose(func() { s.budget.Release(budget.Sessions, cost) })
-	sess.SetClient(appURI)
+	sess.SetClient(appURI, certHash)
 	s.log.Debug("session created", "session", sess.ID.String(), "name", sess.Name, "timeout", sess.Timeout, "channel", cn.id)
 	cert := s.creds.cert
 	if s.cfg.Quirks.Has(catalog.QuirkNoCertOnNone) && !sec.Secured() && len(r.ClientCertificate) == 0 {

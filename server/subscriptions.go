@@ -60,6 +60,9 @@ func (s *Server) newSubscriptions() {
 		MaxItemsTotal:      s.cfg.MaxMonitoredItems,
 	}
 	opts.Budget = s.budget // nil under no-byte-budget: queues are bounded by count only
+	// Fault parked-publish-whole: a parked Publish keeps its whole
+	// request, charged nowhere.
+	opts.ParkedKeepsRequest = s.cfg.Faults.Has(catalog.FaultParkedPublishWhole)
 	if s.cfg.Faults.Has(catalog.FaultItemQueuesUnbounded) {
 		// Fault item-queues-unbounded: queue sizes up to 10 000,
 		// allocated whole at creation, charged nowhere.
@@ -84,9 +87,13 @@ func (s *Server) minSamplingInterval() time.Duration {
 // (5.14.7.1, 1.05) to a subscription of session from moving to session to,
 // whose channel is secured (Sign or SignAndEncrypt) or not: a session of
 // the same user takes it; an anonymous session takes one of an anonymous
-// session only when both have the same client ApplicationUri and its own
-// channel is secured (over None, anyone could claim that ApplicationUri).
-func transferAllowed(from, to *session.Session, secured bool) bool {
+// session only when both have the same client ApplicationUri, its own
+// channel is secured (over None, anyone could claim that ApplicationUri)
+// and both were created with the same client certificate: a server that
+// trusts any certificate cannot take a claimed ApplicationUri, even one a
+// self-signed certificate names, for the client's identity. Under the
+// fault claimed-uri-trusted the ApplicationUri alone decides.
+func transferAllowed(from, to *session.Session, secured, claimedURI bool) bool {
 	if from == to {
 		return true
 	}
@@ -95,7 +102,10 @@ func transferAllowed(from, to *session.Session, secured bool) bool {
 	if toUser != "" || fromUser != "" {
 		return fromUser == toUser
 	}
-	return secured && from.ClientAppURI() == to.ClientAppURI()
+	if !secured || from.ClientAppURI() != to.ClientAppURI() {
+		return false
+	}
+	return claimedURI || (from.ClientCertificate() != "" && from.ClientCertificate() == to.ClientCertificate())
 }
 
 // nodeSource lets monitored items sample the server's other nodes (not the
@@ -276,7 +286,7 @@ func (s *Server) transferSubscriptions(cn *conn, sess *session.Session, ss *subs
 			res.StatusCode = ua.StatusBadSubscriptionIDInvalid
 			continue
 		}
-		if owner, ok := key.(*session.Session); ok && !transferAllowed(owner, sess, secured) {
+		if owner, ok := key.(*session.Session); ok && !transferAllowed(owner, sess, secured, s.cfg.Faults.Has(catalog.FaultClaimedURITrusted)) {
 			res.StatusCode = ua.StatusBadUserAccessDenied
 			continue
 		}

@@ -229,6 +229,44 @@ const (
 	// FaultThrottlePairOnly throttles failed logins per peer IP and user
 	// only: a fresh user name, or a fresh address, guesses at full speed.
 	FaultThrottlePairOnly Fault = "throttle-pair-only"
+	// FaultOnceActivatedSpared marks a connection active for good once a
+	// session was activated on it: eviction at the connection limit and
+	// the idle timeout spare it after its sessions were closed, so
+	// connections that activate, close their session and stay idle fill
+	// the connection table and every new client is refused at Hello.
+	FaultOnceActivatedSpared Fault = "once-activated-spared"
+	// FaultAnonymousFullRefuses refuses an anonymous activation at the
+	// anonymous share unless an orphaned anonymous session can make room:
+	// anonymous sessions on live channels never yield, so a client that
+	// holds the share locks every other anonymous client out for its
+	// sessions' timeout.
+	FaultAnonymousFullRefuses Fault = "anonymous-full-refuses"
+	// FaultGuessesAcrossAddresses makes the login throttle's user key a
+	// delay capped at one second, like the peer IP's, instead of a
+	// server-wide budget of failed logins per user: attempts from many
+	// addresses each wait at most the cap however many are in flight, so
+	// guesses against one user scale with the addresses.
+	FaultGuessesAcrossAddresses Fault = "guesses-across-addresses"
+	// FaultClaimedURITrusted takes the ApplicationUri a client claims in
+	// CreateSession for its identity: it is not checked against the
+	// client certificate's subjectAltName (BadCertificateUriInvalid), and
+	// TransferSubscriptions gives an anonymous session's subscription to
+	// any anonymous session on a secured channel that claims the same
+	// ApplicationUri, whatever its certificate (a self-signed one the
+	// attacker made).
+	FaultClaimedURITrusted Fault = "claimed-uri-trusted"
+	// FaultResponsesUnbudgeted keeps responses waiting in a channel's
+	// send queue decoded and uncharged, however many bytes they take
+	// (only their count, the high mark, stops the reader), and writes
+	// them without a deadline: a client that pipelines large answers and
+	// never reads them makes the server hold them all.
+	FaultResponsesUnbudgeted Fault = "responses-unbudgeted"
+	// FaultParkedPublishWhole keeps a parked Publish request whole (its
+	// decoded request with every acknowledgement, besides their results)
+	// and charges it nowhere: parked Publishes are bounded by count only
+	// (MaxPublishRequests per session), so Publishes of 2 MiB of
+	// acknowledgements hold many times that each.
+	FaultParkedPublishWhole Fault = "parked-publish-whole"
 )
 
 // AllFaults lists every fault switch.
@@ -248,6 +286,9 @@ var AllFaults = []Fault{
 	FaultItemQueuesUnbounded, FaultLongSessionStrings,
 	FaultIdleAfterOpen, FaultSessionsOutliveChannels, FaultUnactivatedRefuse,
 	FaultRSABlocksUnbounded, FaultThrottlePairOnly,
+	FaultOnceActivatedSpared, FaultAnonymousFullRefuses, FaultGuessesAcrossAddresses,
+	FaultClaimedURITrusted,
+	FaultResponsesUnbudgeted, FaultParkedPublishWhole,
 }
 
 // MinSoak returns the shortest soak (the suites' SOAK setting) in which

@@ -1,7 +1,8 @@
 // Package budget is the reference server's memory budget: one byte limit
 // shared by the classes of memory an unauthenticated or anonymous peer can
 // make the server hold (unfinished chunks, queued requests, held logins,
-// monitored-item queues, per-session strings). Each class may use at most a
+// monitored-item queues, per-session strings, responses waiting to be
+// sent, parked Publish requests). Each class may use at most a
 // share of the limit, so one kind of flood cannot take the memory the others
 // need, and all classes together at most the limit.
 //
@@ -31,12 +32,18 @@ const (
 	Items
 	// Sessions are per-session strings and certificates (1/16).
 	Sessions
+	// Responses are encoded responses waiting in the channels' send
+	// queues (½).
+	Responses
+	// Publish are parked Publish requests: what each keeps to answer
+	// (its acknowledgement results) (1/16).
+	Publish
 	numClasses
 )
 
 var (
-	names  = [numClasses]string{"chunks", "queue", "logins", "items", "sessions"}
-	shares = [numClasses]int64{4, 2, 16, 2, 16} // limit / share
+	names  = [numClasses]string{"chunks", "queue", "logins", "items", "sessions", "responses", "publish"}
+	shares = [numClasses]int64{4, 2, 16, 2, 16, 2, 16} // limit / share
 )
 
 // String names the class.
@@ -113,6 +120,27 @@ func (b *Budget) Charge(c Class, n int64) bool {
 		return false
 	}
 	return true
+}
+
+// Force charges n bytes to class c whatever the limits: for memory the
+// server must hold anyway (a small response it has to send), so that the
+// class's reading stays true. It may take the class and the budget over
+// their limits; Charge refuses until they are back under.
+func (b *Budget) Force(c Class, n int64) {
+	if b == nil || n <= 0 {
+		return
+	}
+	b.class[c].Add(n)
+	b.used.Add(n)
+}
+
+// Refuse counts a refusal of class c decided outside Charge (a share of
+// the class smaller than its limit, e.g. one channel's).
+func (b *Budget) Refuse(c Class) {
+	if b == nil {
+		return
+	}
+	b.refused[c].Add(1)
 }
 
 // reserve adds n to v unless that would take it over limit; v never reads

@@ -66,3 +66,31 @@ func TestConcurrentChargesNeverExceed(t *testing.T) {
 		t.Fatalf("used = %d after every charge was released", b.Used())
 	}
 }
+
+func TestForceGoesOverAndChargeWaits(t *testing.T) {
+	b := New(1600) // Responses' share: 800
+	if !b.Charge(Responses, 800) {
+		t.Fatal("800 B of responses refused under their share of 800")
+	}
+	b.Force(Responses, 50)
+	if got := b.UsedBy(Responses); got != 850 {
+		t.Fatalf("forced charge: responses hold %d, want 850", got)
+	}
+	if b.Charge(Responses, 1) {
+		t.Fatal("a charge admitted while the class was over its share")
+	}
+	b.Refuse(Responses)
+	if got := b.Refused(Responses); got != 2 {
+		t.Fatalf("refused responses = %d, want 2 (one by Charge, one counted by Refuse)", got)
+	}
+	b.Release(Responses, 850)
+	if b.Used() != 0 || !b.Charge(Responses, 800) {
+		t.Fatal("the class did not come back after its forced charge was released")
+	}
+	var nb *Budget
+	nb.Force(Responses, 10)
+	nb.Refuse(Responses)
+	if nb.Used() != 0 || nb.Refused(Responses) != 0 {
+		t.Fatal("a nil budget counts forced charges or refusals")
+	}
+}

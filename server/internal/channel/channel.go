@@ -8,6 +8,19 @@
 // once the count drops to Options.LowMark. Being busy never faults the channel
 // (unless the fault-on-overflow switch asks for the old .NET behaviour).
 //
+// Responses are budgeted by bytes too, when the transport can encode them
+// ahead of writing (an Encoder, as SecureTransport is): Respond encodes
+// the response on the worker that answers, charges the bytes to the memory
+// budget (class budget.Responses) until they are written, and stops the
+// reader while Options.MaxUnsent bytes or more wait (resuming at half of
+// it). A response that comes when the channel already holds its share, or
+// that does not fit in the budget, is answered BadResourceUnavailable
+// instead (a channel goes over its share by one response at most); a
+// small one (the channel's unsent bytes stay within smallUnsent) is always
+// sent, so a client that reads its answers is never refused for another's.
+// A peer that does not read at all is closed by the transport's write
+// deadline.
+//
 // A request that waits for an event rather than for work (a Publish queued
 // until its subscription has something to send) is parked: Park takes it out
 // of the pending count, so that a client's parked requests never stop the
@@ -25,6 +38,8 @@ import (
 	"time"
 
 	"github.com/gopcua/opcua/ua"
+
+	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 )
 
 // Message is one service request read from a transport.
@@ -56,6 +71,27 @@ type Transport interface {
 	// Close closes the transport; a blocked Receive or Send returns.
 	Close() error
 }
+
+// Encoder is a Transport that encodes a response ahead of writing it, so
+// that the channel can queue and budget the bytes rather than the decoded
+// response.
+type Encoder interface {
+	// Encode encodes resp, the answer to request reqID, as SendEncoded
+	// writes it (a response the peer cannot take may be replaced by a
+	// ServiceFault). It must be safe for concurrent use.
+	Encode(reqID uint32, resp ua.Response) []byte
+	// SendEncoded writes the encoded response body to request reqID.
+	SendEncoded(ctx context.Context, reqID uint32, body []byte) error
+}
+
+// smallUnsent is what a channel may always hold unsent: a response that
+// keeps the channel's unsent bytes within it is sent whatever the budget,
+// so a client that reads its answers gets them while others exhaust the
+// budget.
+const smallUnsent = 64 << 10
+
+// DefaultMaxUnsent is the default of Options.MaxUnsent (8 MiB).
+const DefaultMaxUnsent = 8 << 20
 
 // Handler handles one request. It must arrange for exactly one call of
 // Channel.Respond (or Fail) with msg.RequestID, from any goroutine, at any
@@ -93,6 +129,19 @@ type Options struct {
 	// Publish requests hold the reader's backpressure slots: at HighMark
 	// of them the reader stops, with only Publishes outstanding.
 	ParkHoldsSlot bool
+	// Budget is charged (class budget.Responses) for the encoded
+	// responses waiting to be written; nil charges nothing (the
+	// per-channel share still holds).
+	Budget *budget.Budget
+	// MaxUnsent is the channel's share of unsent response bytes: the
+	// reader stops while that many or more wait and resumes at half of
+	// it, and a response that comes while the channel holds its share is
+	// answered BadResourceUnavailable. Zero means DefaultMaxUnsent.
+	MaxUnsent int64
+	// UnbudgetedResponses is the responses-unbudgeted fault: responses
+	// wait decoded, uncharged, however many bytes they take; only their
+	// count stops the reader.
+	UnbudgetedResponses bool
 	// Logger receives channel events; nil means slog.Default().
 	Logger *slog.Logger
 	// OnPanic, if set, is called after a panic of a handler or of the
@@ -108,8 +157,15 @@ type Stats struct {
 	Pending    int   // responses admitted but not yet written or dropped, parked ones excluded
 	Parked     int   // requests parked (see Park) and not yet answered
 	MaxPending int   // highest Pending seen
-	Pauses     int64 // times reading stopped for backpressure
-	Resumes    int64 // times a paused reader was resumed
+	Pauses     int64 // times reading stopped for backpressure (pending responses)
+	// Unsent is the encoded bytes waiting to be written, MaxUnsent the
+	// most seen; BytePauses counts the times reading stopped for them,
+	// Refused the responses answered BadResourceUnavailable for want of
+	// budget or share.
+	Unsent, MaxUnsent int64
+	BytePauses        int64
+	Refused           int64
+	Resumes           int64 // times a paused reader was resumed
 	// LowestResume is the lowest pending count at which a paused reader
 	// was resumed (-1 before the first resume); a server that resumes by
 	// its low mark keeps it at LowMark or just below.
@@ -127,9 +183,12 @@ var ErrFailed = errors.New("channel: failed")
 // responses to be written.
 const failFlushTimeout = 5 * time.Second
 
+// outgoing is a response waiting for the writer: decoded (resp), or
+// encoded and charged (body, on a budgeted channel).
 type outgoing struct {
 	reqID uint32
 	resp  ua.Response
+	body  []byte
 }
 
 // Channel is one running secure channel.
@@ -138,10 +197,13 @@ type Channel struct {
 	opts Options
 	log  *slog.Logger
 
-	mu      sync.Mutex
-	queue   []outgoing    // responses waiting for the writer
-	kick    chan struct{} // cap 1: wakes the writer
-	resume  chan struct{} // non-nil while the reader is paused
+	mu     sync.Mutex
+	queue  []outgoing    // responses waiting for the writer
+	kick   chan struct{} // cap 1: wakes the writer
+	resume chan struct{} // non-nil while the reader is paused
+	// byBytes: the reader paused for unsent bytes, not for its count
+	byBytes bool
+	enc     Encoder // the transport, when it encodes ahead and the channel budgets responses
 	closed  bool
 	failed  ua.StatusCode // set by Fail: ERR code sent once the queue is written
 	done    chan struct{} // closed when the channel is closed
@@ -171,7 +233,16 @@ func New(t Transport, opts Options) *Channel {
 		opts.Logger = slog.Default()
 	}
 	g, _ := t.(gated)
+	if opts.MaxUnsent <= 0 {
+		opts.MaxUnsent = DefaultMaxUnsent
+	}
+	var enc Encoder
+	if !opts.UnbudgetedResponses {
+		// Fault responses-unbudgeted: responses wait decoded, uncharged.
+		enc, _ = t.(Encoder)
+	}
 	return &Channel{
+		enc:   enc,
 		gate:  g,
 		ctx:   context.Background(), // replaced by Run's
 		stats: Stats{LowestResume: -1},
@@ -302,6 +373,12 @@ func internalFault(req ua.Request, code ua.StatusCode) *ua.ServiceFault {
 			handle = h.RequestHandle
 		}
 	}
+	return faultFor(handle, code)
+}
+
+// faultFor returns a ServiceFault with code answering the request of
+// handle.
+func faultFor(handle uint32, code ua.StatusCode) *ua.ServiceFault {
 	return &ua.ServiceFault{ResponseHeader: &ua.ResponseHeader{
 		Timestamp:          time.Now(),
 		RequestHandle:      handle,
@@ -322,7 +399,7 @@ func (c *Channel) Fail(reqID uint32, resp ua.Response, code ua.StatusCode) {
 		c.mu.Unlock()
 		return
 	}
-	c.queue = append(c.queue, outgoing{reqID, resp})
+	c.queue = append(c.queue, outgoing{reqID: reqID, resp: resp})
 	if c.failed == 0 {
 		c.failed = code
 	}
@@ -349,11 +426,18 @@ func (c *Channel) waitForRoom(ctx context.Context) error {
 		return nil
 	}
 	c.mu.Lock()
-	if c.stats.Pending < c.opts.HighMark || c.closed {
+	byCount := c.stats.Pending >= c.opts.HighMark
+	byBytes := c.enc != nil && c.stats.Unsent >= c.opts.MaxUnsent
+	if !byCount && !byBytes || c.closed {
 		c.mu.Unlock()
 		return nil
 	}
-	c.stats.Pauses++
+	if byCount {
+		c.stats.Pauses++
+	} else {
+		c.stats.BytePauses++
+	}
+	c.byBytes = !byCount
 	resume := make(chan struct{})
 	c.resume = resume
 	c.mu.Unlock()
@@ -371,17 +455,85 @@ func (c *Channel) waitForRoom(ctx context.Context) error {
 // blocks. Every request passed to the handler must be answered exactly once.
 // After Fail, responses are dropped.
 func (c *Channel) Respond(reqID uint32, resp ua.Response) {
+	var body []byte
+	if c.enc != nil {
+		// Encoded on the answering goroutine, outside the lock.
+		body = c.enc.Encode(reqID, resp)
+	}
 	c.mu.Lock()
 	if c.droppedLocked() {
 		c.mu.Unlock()
 		return
 	}
-	c.queue = append(c.queue, outgoing{reqID, resp})
+	if c.enc != nil {
+		c.queue = append(c.queue, outgoing{reqID: reqID, body: c.chargeLocked(reqID, resp, body)})
+	} else {
+		c.queue = append(c.queue, outgoing{reqID: reqID, resp: resp})
+	}
 	c.mu.Unlock()
 	select {
 	case c.kick <- struct{}{}:
 	default:
 	}
+}
+
+// chargeLocked charges body, the encoded answer to request reqID (resp),
+// to the channel's unsent bytes and the budget, and returns what to send:
+// body, or, when the channel already holds its share or the budget has no
+// room, an encoded ServiceFault BadResourceUnavailable; a response that
+// keeps the channel within smallUnsent always goes. c.mu must be held.
+func (c *Channel) chargeLocked(reqID uint32, resp ua.Response, body []byte) []byte {
+	n := int64(len(body))
+	switch {
+	case c.stats.Unsent+n <= smallUnsent:
+		// a reading client's answer: always sent
+		c.opts.Budget.Force(budget.Responses, n)
+	case c.stats.Unsent < c.opts.MaxUnsent && c.opts.Budget.Charge(budget.Responses, n):
+		// within the share before it: the channel may go over it by
+		// this one response, and its reader stops until it is down
+	default:
+		if c.stats.Unsent >= c.opts.MaxUnsent {
+			c.opts.Budget.Refuse(budget.Responses) // the channel's share, not the budget, refused it
+		}
+		c.stats.Refused++
+		c.log.Debug("response refused: send budget exhausted", "request_id", reqID, "bytes", n,
+			"unsent", c.stats.Unsent, "share", c.opts.MaxUnsent, "budget", c.opts.Budget.UsedBy(budget.Responses))
+		var handle uint32
+		if h := resp.Header(); h != nil {
+			handle = h.RequestHandle
+		}
+		body = c.enc.Encode(reqID, faultFor(handle, ua.StatusBadResourceUnavailable))
+		n = int64(len(body))
+		c.opts.Budget.Force(budget.Responses, n)
+	}
+	c.stats.Unsent += n
+	c.stats.MaxUnsent = max(c.stats.MaxUnsent, c.stats.Unsent)
+	return body
+}
+
+// sentLocked gives back the bytes of o once written or dropped (release
+// then resumes a reader paused for them at half the channel's share). c.mu
+// must be held.
+func (c *Channel) sentLocked(o outgoing) {
+	if o.body == nil {
+		return
+	}
+	n := int64(len(o.body))
+	c.stats.Unsent -= n
+	c.opts.Budget.Release(budget.Responses, n)
+}
+
+// OverShare reports whether the channel holds its share of unsent
+// response bytes or more (never on a channel that does not budget
+// responses): a request read before the reader stopped is better refused
+// than run, as its answer would be refused once built.
+func (c *Channel) OverShare() bool {
+	if c.enc == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stats.Unsent >= c.opts.MaxUnsent
 }
 
 // droppedLocked reports whether a response comes too late to be sent, after
@@ -485,7 +637,19 @@ func (c *Channel) release(n int) {
 	if c.opts.LateResume {
 		low = 0
 	}
-	if c.resume != nil && c.stats.Pending <= low {
+	if c.resume == nil || c.stats.Unsent > c.opts.MaxUnsent/2 {
+		return
+	}
+	if c.byBytes {
+		// paused for unsent bytes: resume once they are down to half
+		// the share and the count leaves room
+		if c.stats.Pending < c.opts.HighMark {
+			close(c.resume)
+			c.resume = nil
+		}
+		return
+	}
+	if c.stats.Pending <= low {
 		close(c.resume)
 		c.resume = nil
 		c.stats.Resumes++
@@ -531,10 +695,19 @@ func (c *Channel) writeLoop(ctx context.Context) {
 		batch, c.queue = c.queue, batch[:0]
 		c.mu.Unlock()
 		for i, o := range batch {
-			if err := c.t.Send(ctx, o.reqID, o.resp); err != nil {
+			var err error
+			if o.body != nil {
+				err = c.enc.SendEncoded(ctx, o.reqID, o.body)
+			} else {
+				err = c.t.Send(ctx, o.reqID, o.resp)
+			}
+			if err != nil {
 				c.log.Debug("channel write failed", "err", err)
 				c.mu.Lock()
 				c.stats.Dropped += int64(len(batch) - i)
+				for _, o := range batch[i:] {
+					c.sentLocked(o)
+				}
 				c.retire(len(batch) - i)
 				c.mu.Unlock()
 				c.close()
@@ -543,6 +716,7 @@ func (c *Channel) writeLoop(ctx context.Context) {
 			}
 			c.mu.Lock()
 			c.stats.Written++
+			c.sentLocked(o)
 			c.release(1)
 			c.mu.Unlock()
 		}
@@ -571,6 +745,9 @@ func (c *Channel) writeLoop(ctx context.Context) {
 func (c *Channel) dropQueued() {
 	c.mu.Lock()
 	n := len(c.queue)
+	for _, o := range c.queue {
+		c.sentLocked(o)
+	}
 	c.queue = nil
 	c.stats.Dropped += int64(n)
 	c.retire(n)

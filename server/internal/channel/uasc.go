@@ -123,14 +123,21 @@ type Config struct {
 	// chunks-per-channel-only fault).
 	Budget *budget.Budget
 	// IdleTimeout closes the channel with ERR BadTimeout when Active does
-	// not report true that long after the first OpenSecureChannel: a
-	// channel opened and left without an activated session does not hold
-	// a connection forever. Zero: no idle timeout (the idle-after-open
-	// fault).
+	// not report true that long after the first OpenSecureChannel, and
+	// again every IdleTimeout after that: a channel opened and left
+	// without an activated session, or whose sessions were closed, does
+	// not hold a connection forever. Zero: no idle timeout (the
+	// idle-after-open fault).
 	IdleTimeout time.Duration
-	// Active reports whether a session was activated on the channel; the
-	// idle timeout spares such a channel. Nil means never.
+	// Active reports whether the channel holds an activated session now;
+	// the idle timeout spares such a channel until its next check. Nil
+	// means never.
 	Active func() bool
+	// WriteTimeout closes the channel when a write makes no progress for
+	// that long (a peer that stopped reading its responses): its queued
+	// responses and their budget are released. Zero: writes wait forever
+	// (the responses-unbudgeted fault).
+	WriteTimeout time.Duration
 	// EnforceLifetime closes the channel with ERR
 	// BadSecureChannelTokenUnknown when its security token is not renewed
 	// within 125 % of the token's revised lifetime (Part 6, 6.7.4: the
@@ -418,9 +425,24 @@ func (l writeLock) LockWithin(d time.Duration) bool {
 }
 
 // write writes b; writeMu must be held unless no other goroutine can write.
+// With Config.WriteTimeout it writes in pieces of at most a chunk, each
+// within the timeout: a peer that takes nothing for that long fails the
+// write (and the channel closes), one that reads slowly does not.
 func (t *SecureTransport) write(b []byte) error {
-	_, err := t.conn.Write(b)
-	return err
+	if t.cfg.WriteTimeout <= 0 {
+		_, err := t.conn.Write(b)
+		return err
+	}
+	piece := max(t.sendChunk, MinBufSize)
+	for len(b) > 0 {
+		n := min(len(b), piece)
+		_ = t.conn.SetWriteDeadline(time.Now().Add(t.cfg.WriteTimeout))
+		if _, err := t.conn.Write(b[:n]); err != nil {
+			return fmt.Errorf("write (%v without progress at most): %w", t.cfg.WriteTimeout, err)
+		}
+		b = b[n:]
+	}
+	return nil
 }
 
 // readFrame reads one frame into t.rbuf. The body is valid until the next
@@ -761,7 +783,9 @@ func (t *SecureTransport) tokenExpired() {
 }
 
 // armIdle starts the idle timeout after the first OpenSecureChannel
-// (Config.IdleTimeout).
+// (Config.IdleTimeout). A channel that holds an activated session when
+// the timer fires is checked again one IdleTimeout later: a channel is
+// spared while it holds a session, not because it once did.
 func (t *SecureTransport) armIdle() {
 	if t.cfg.IdleTimeout <= 0 {
 		return
@@ -771,12 +795,22 @@ func (t *SecureTransport) armIdle() {
 	if t.stopped {
 		return
 	}
-	t.idle = time.AfterFunc(t.cfg.IdleTimeout, func() {
-		if t.cfg.Active != nil && t.cfg.Active() {
-			return
-		}
+	t.idle = time.AfterFunc(t.cfg.IdleTimeout, t.idleCheck)
+}
+
+// idleCheck is the idle timer's check: it closes the channel with ERR
+// BadTimeout unless it holds an activated session, else arms the timer
+// again.
+func (t *SecureTransport) idleCheck() {
+	if t.cfg.Active == nil || !t.cfg.Active() {
 		t.closeFor(ua.StatusBadTimeout, ErrIdle)
-	})
+		return
+	}
+	t.tokMu.Lock()
+	defer t.tokMu.Unlock()
+	if !t.stopped {
+		t.idle = time.AfterFunc(t.cfg.IdleTimeout, t.idleCheck)
+	}
 }
 
 // closeFor closes the channel from one of its timers with an ERR message
@@ -1082,17 +1116,41 @@ func (t *SecureTransport) Send(ctx context.Context, reqID uint32, resp ua.Respon
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	return t.SendEncoded(ctx, reqID, t.Encode(reqID, resp))
+}
+
+// Encode encodes resp, the answer to request reqID, with its type id: a
+// response that cannot be encoded is a ServiceFault BadInternalError, one
+// above the client's max message size a ServiceFault BadResponseTooLarge.
+// It is safe for concurrent use.
+func (t *SecureTransport) Encode(reqID uint32, resp ua.Response) []byte {
 	body, err := encodeService(resp)
 	if err != nil {
 		t.log.Error("cannot encode response", "request_id", reqID, "err", err)
-		body = t.faultBody(resp, ua.StatusBadInternalError)
+		return t.faultBody(resp, ua.StatusBadInternalError)
+	}
+	if t.peerMaxMessage > 0 && len(body) > t.peerMaxMessage {
+		t.log.Info("response too large for the client", "request_id", reqID, "type", fmt.Sprintf("%T", resp),
+			"bytes", len(body), "max_message", t.peerMaxMessage)
+		return t.faultBody(resp, ua.StatusBadResponseTooLarge)
+	}
+	return body
+}
+
+// SendEncoded writes the encoded response body (Encode's) to request
+// reqID, in chunks that fit the client's receive buffer; one of more
+// chunks than the client takes is replaced by a ServiceFault
+// BadResponseTooLarge.
+func (t *SecureTransport) SendEncoded(ctx context.Context, reqID uint32, body []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	maxBody := t.sendChunk - msgHeaderLen
 	chunks := max(1, (len(body)+maxBody-1)/maxBody)
 	if (t.peerMaxMessage > 0 && len(body) > t.peerMaxMessage) || (t.peerMaxChunks > 0 && chunks > t.peerMaxChunks) {
-		t.log.Info("response too large for the client", "request_id", reqID, "type", fmt.Sprintf("%T", resp),
+		t.log.Info("response too large for the client", "request_id", reqID,
 			"bytes", len(body), "chunks", chunks, "max_message", t.peerMaxMessage, "max_chunks", t.peerMaxChunks)
-		body = t.faultBody(resp, ua.StatusBadResponseTooLarge)
+		body = t.faultBodyFor(responseHandle(body), ua.StatusBadResponseTooLarge)
 		chunks = 1
 	}
 	t.tokMu.Lock()
@@ -1103,7 +1161,7 @@ func (t *SecureTransport) Send(ctx context.Context, reqID uint32, resp ua.Respon
 			// The response was sized for a None chunk: recount.
 			chunks = max(1, (len(body)+room-1)/room)
 			if t.peerMaxChunks > 0 && chunks > t.peerMaxChunks {
-				body = t.faultBody(resp, ua.StatusBadResponseTooLarge)
+				body = t.faultBodyFor(responseHandle(body), ua.StatusBadResponseTooLarge)
 			}
 		}
 		return t.sendSecured(reqID, body, tok, keys, t.cfg.CryptoInGate)
@@ -1140,6 +1198,21 @@ func (t *SecureTransport) faultBody(resp ua.Response, code ua.StatusCode) []byte
 			handle = h.RequestHandle
 		}
 	}
+	return t.faultBodyFor(handle, code)
+}
+
+// responseHandle is the RequestHandle of an encoded response body: after
+// its four-byte type id and the header's eight-byte Timestamp.
+func responseHandle(body []byte) uint32 {
+	if len(body) < 16 {
+		return 0
+	}
+	return binary.LittleEndian.Uint32(body[12:16])
+}
+
+// faultBodyFor encodes a ServiceFault with code answering the request of
+// handle.
+func (t *SecureTransport) faultBodyFor(handle uint32, code ua.StatusCode) []byte {
 	b, err := encodeService(&ua.ServiceFault{ResponseHeader: &ua.ResponseHeader{
 		Timestamp:          time.Now(),
 		RequestHandle:      handle,
@@ -1191,7 +1264,7 @@ func (t *SecureTransport) abortLocked(code ua.StatusCode) {
 		return
 	}
 	_ = t.conn.SetWriteDeadline(time.Now().Add(time.Second))
-	_ = t.write(frame(uacp.MessageTypeError, 'F', body))
+	_, _ = t.conn.Write(frame(uacp.MessageTypeError, 'F', body))
 }
 
 // Close closes the connection, stops the channel's timers and releases the

@@ -41,6 +41,9 @@ type Session struct {
 	// Guarded by m.mu (the manager's bookkeeping).
 	anon   bool   // activated with the anonymous identity: counted in m.anonymous
 	orphan uint64 // when its channel closed (the manager's orphan sequence); 0 while bound to an open channel
+	bound  bool   // activated and counted in m.bound under boundTo (its channel open)
+	// boundTo is the channel it is counted under in m.bound.
+	boundTo uint32
 
 	mu        sync.Mutex
 	activated bool
@@ -50,13 +53,24 @@ type Session struct {
 	closed    bool
 	onClose   []func()
 	appURI    string // the client's ApplicationUri (CreateSession)
+	certHash  string // the SHA-256 of the client certificate of its channel at CreateSession; "" on None
 }
 
-// SetClient records the client's ApplicationUri from CreateSession.
-func (s *Session) SetClient(appURI string) {
+// SetClient records the client's ApplicationUri from CreateSession and the
+// SHA-256 of the client certificate its secure channel was opened with
+// ("" on a channel without security).
+func (s *Session) SetClient(appURI, certHash string) {
 	s.mu.Lock()
-	s.appURI = appURI
+	s.appURI, s.certHash = appURI, certHash
 	s.mu.Unlock()
+}
+
+// ClientCertificate returns the SHA-256 of the client certificate the
+// session was created with, "" if none.
+func (s *Session) ClientCertificate() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.certHash
 }
 
 // ClientAppURI returns the client's ApplicationUri from CreateSession.
@@ -95,22 +109,26 @@ func (s *Session) ServerNonce() []byte {
 // and returns the next server nonce. On refusal it returns the status and
 // why, and changes nothing: BadIdentityTokenInvalid when another activation
 // replaced the nonce in between, BadSessionIDInvalid when the session was
-// closed meanwhile, BadTooManySessions when the session would become
-// anonymous beyond the manager's anonymous share and no orphaned anonymous
-// session can make room.
+// closed meanwhile; under Limits.AnonymousRefuse, BadTooManySessions when
+// the session would become anonymous beyond the manager's anonymous share
+// and no orphaned anonymous session can make room. (Without it an
+// anonymous session always makes room: see anonymousPlaceLocked.)
 func (s *Session) Activate(user string, channelID uint32, nonce []byte) (next []byte, code ua.StatusCode, why string) {
 	next = newNonce()
 	m := s.m
 	m.mu.Lock()
 	s.mu.Lock()
 	var evicted *Session
+	evictedOrphan := false
 	switch {
 	case m.byKey[s.key] != s:
 		code, why = ua.StatusBadSessionIDInvalid, "session closed"
 	case !bytes.Equal(nonce, s.nonce):
 		code, why = ua.StatusBadIdentityTokenInvalid, "server nonce replaced by a concurrent activation"
 	case user == "" && !s.anon:
-		if evicted = m.anonymousPlaceLocked(s); evicted == nil && len(m.anonymous) >= m.lim.MaxAnonymous {
+		if evicted = m.anonymousPlaceLocked(s); evicted != nil {
+			evictedOrphan = evicted.orphan != 0
+		} else if len(m.anonymous) >= m.lim.MaxAnonymous {
 			m.anonRefused++
 			code, why = ua.StatusBadTooManySessions, "too many anonymous sessions"
 		}
@@ -127,6 +145,9 @@ func (s *Session) Activate(user string, channelID uint32, nonce []byte) (next []
 	s.mu.Unlock()
 	// Bound to an open channel again: no longer an orphan.
 	s.orphan = 0
+	m.unbindLocked(s)
+	s.bound, s.boundTo = true, channelID
+	m.bound[channelID]++
 	delete(m.unactivated, s)
 	switch {
 	case user == "":
@@ -138,8 +159,10 @@ func (s *Session) Activate(user string, channelID uint32, nonce []byte) (next []
 	}
 	m.mu.Unlock()
 	if evicted != nil {
-		m.log.Info("closed an orphaned anonymous session to make room for an anonymous activation",
-			"closed", evicted.ID.String(), "name", evicted.Name, "session", s.ID.String(), "max_anonymous", m.lim.MaxAnonymous)
+		m.log.Info("closed an anonymous session to make room for an anonymous activation",
+			"closed", evicted.ID.String(), "name", evicted.Name, "orphaned", evictedOrphan,
+			"idle", time.Since(time.Unix(0, evicted.lastSeen.Load())).Round(time.Millisecond),
+			"session", s.ID.String(), "max_anonymous", m.lim.MaxAnonymous)
 		evicted.close()
 	}
 	return bytes.Clone(next), ua.StatusOK, ""
@@ -206,8 +229,20 @@ type Limits struct {
 	// MaxAnonymous bounds the sessions activated with the anonymous
 	// identity (default MaxSessions/2), so anonymous clients cannot take
 	// the places of user logins. Beyond it an anonymous activation closes
-	// the oldest orphaned anonymous session or is refused.
+	// the oldest orphaned anonymous session, else the anonymous session
+	// idle longest: anonymous sessions on live channels cannot lock a
+	// fresh anonymous client out.
 	MaxAnonymous int
+	// AnonymousRefuse is the anonymous-full-refuses fault: at MaxAnonymous
+	// an anonymous activation closes an orphaned anonymous session or is
+	// refused BadTooManySessions; sessions on live channels never yield.
+	AnonymousRefuse bool
+	// YieldIdle is how long an anonymous session on a live channel must
+	// have been idle (no request) to yield its place (default
+	// DefaultYieldIdle): a client's busy sessions keep theirs, so a
+	// server at its anonymous share still refuses one more beside them;
+	// sessions held idle by a flood do not lock fresh clients out.
+	YieldIdle time.Duration
 	// NeverExpire is the sessions-never-expire fault: an activated session
 	// idle for longer than its timeout is never closed. Sessions not yet
 	// activated still expire (UnactivatedTimeout, and their own timeout).
@@ -228,6 +263,9 @@ type Limits struct {
 // DefaultMaxSessions is Limits.MaxSessions when it is not set.
 const DefaultMaxSessions = 1000
 
+// DefaultYieldIdle is Limits.YieldIdle when it is not set.
+const DefaultYieldIdle = 2 * time.Second
+
 // Counts are the manager's diagnostics.
 type Counts struct {
 	Current     int
@@ -242,6 +280,10 @@ type Counts struct {
 	// Anonymous are the sessions activated with the anonymous identity;
 	// Orphaned the activated sessions whose channel closed.
 	Anonymous, Orphaned int
+	// AnonymousYielded counts anonymous sessions on live channels closed
+	// (the one idle longest) to make room for an anonymous activation at
+	// the anonymous share.
+	AnonymousYielded int64
 	// UnactivatedEvicted counts unactivated sessions closed to make room
 	// for a new one; OrphansEvicted orphaned anonymous sessions closed to
 	// make room; AnonymousRefused anonymous activations refused
@@ -259,6 +301,9 @@ type Manager struct {
 	byKey       map[string]*Session
 	unactivated map[*Session]struct{}
 	anonymous   map[*Session]struct{} // activated with the anonymous identity
+	// bound counts, per open secure channel, the activated sessions bound
+	// to it (Holds).
+	bound       map[uint32]int
 	nextID      uint32
 	orphanSeq   uint64
 	cumulated   int64
@@ -269,6 +314,7 @@ type Manager struct {
 	unactEvict  int64
 	orphanEvict int64
 	anonRefused int64
+	anonYield   int64
 }
 
 // NewManager returns an empty manager.
@@ -299,11 +345,14 @@ func NewManager(lim Limits) *Manager {
 	if lim.UnactivatedTimeout <= 0 {
 		lim.UnactivatedTimeout = 30 * time.Second
 	}
+	if lim.YieldIdle <= 0 {
+		lim.YieldIdle = DefaultYieldIdle
+	}
 	if lim.Logger == nil {
 		lim.Logger = slog.Default()
 	}
 	return &Manager{lim: lim, log: lim.Logger, byKey: make(map[string]*Session),
-		unactivated: make(map[*Session]struct{}), anonymous: make(map[*Session]struct{})}
+		unactivated: make(map[*Session]struct{}), anonymous: make(map[*Session]struct{}), bound: make(map[uint32]int)}
 }
 
 // Create creates an unactivated session with the requested timeout (revised
@@ -399,20 +448,37 @@ func (m *Manager) oldestLocked(set map[*Session]struct{}, orphans bool) *Session
 
 // anonymousPlaceLocked makes room for one more anonymous session at the
 // anonymous share: it removes and returns the oldest orphaned anonymous
-// session other than s (the caller closes it), or nil if the share is not
-// full, or full with no orphan to close (then the activation is refused).
-// m.mu held.
+// session other than s, else the anonymous session other than s idle
+// longest (its last request the oldest) if idle for Limits.YieldIdle at
+// least, for the caller to close; nil if the share is not full, or full
+// with none to close (under Limits.AnonymousRefuse: no orphan): then the
+// activation is refused. m.mu held.
 func (m *Manager) anonymousPlaceLocked(s *Session) *Session {
 	if len(m.anonymous) < m.lim.MaxAnonymous || m.lim.OutliveChannels {
 		return nil
 	}
-	v := m.oldestLocked(m.anonymous, true)
-	if v == nil || v == s {
+	if v := m.oldestLocked(m.anonymous, true); v != nil && v != s {
+		m.remove(v)
+		m.orphanEvict++
+		return v
+	}
+	if m.lim.AnonymousRefuse {
+		// Fault anonymous-full-refuses: live anonymous sessions keep
+		// their places.
 		return nil
 	}
-	m.remove(v)
-	m.orphanEvict++
-	return v
+	var idlest *Session
+	for o := range m.anonymous {
+		if o != s && (idlest == nil || o.lastSeen.Load() < idlest.lastSeen.Load()) {
+			idlest = o
+		}
+	}
+	if idlest == nil || time.Since(time.Unix(0, idlest.lastSeen.Load())) < m.lim.YieldIdle {
+		return nil
+	}
+	m.remove(idlest)
+	m.anonYield++
+	return idlest
 }
 
 // ChannelClosed tells the manager that secure channel id closed: the
@@ -432,11 +498,35 @@ func (m *Manager) ChannelClosed(id uint32) {
 		}
 		m.orphanSeq++
 		s.orphan = m.orphanSeq
+		s.bound = false
+	}
+	delete(m.bound, id)
+}
+
+// Holds reports whether secure channel id holds an activated session
+// now: one activated on it, not closed, not moved to another channel. A
+// channel whose sessions were all closed holds none, whatever it held
+// before.
+func (m *Manager) Holds(id uint32) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.bound[id] > 0
+}
+
+// unbindLocked takes s out of its channel's count in m.bound; m.mu held.
+func (m *Manager) unbindLocked(s *Session) {
+	if !s.bound {
+		return
+	}
+	s.bound = false
+	if m.bound[s.boundTo]--; m.bound[s.boundTo] <= 0 {
+		delete(m.bound, s.boundTo)
 	}
 }
 
 // remove deletes s from the maps; m.mu held.
 func (m *Manager) remove(s *Session) {
+	m.unbindLocked(s)
 	delete(m.byKey, s.key)
 	delete(m.unactivated, s)
 	delete(m.anonymous, s)
@@ -533,7 +623,8 @@ func (m *Manager) Counts() Counts {
 	return Counts{Current: len(m.byKey), Cumulated: m.cumulated, Timeouts: m.timeouts, Rejected: m.rejected, Closed: m.closed,
 		Unactivated: len(m.unactivated), UnactivatedExpired: m.unactExpire,
 		Anonymous: len(m.anonymous), Orphaned: orphaned,
-		UnactivatedEvicted: m.unactEvict, OrphansEvicted: m.orphanEvict, AnonymousRefused: m.anonRefused}
+		UnactivatedEvicted: m.unactEvict, OrphansEvicted: m.orphanEvict, AnonymousRefused: m.anonRefused,
+		AnonymousYielded: m.anonYield}
 }
 
 // SweepInterval is how often Expire should run for timeouts to be enforced

@@ -61,11 +61,12 @@ func TestUnactivatedEviction(t *testing.T) {
 }
 
 // TestAnonymousShare: anonymous sessions hold at most MaxAnonymous places;
-// beyond, an anonymous activation closes the oldest orphan or is refused,
-// and a user login always finds a place. Under the
-// sessions-outlive-channels fault anonymous sessions fill the table.
+// beyond, an anonymous activation closes the oldest orphan first (under
+// anonymous-full-refuses: or is refused), and a user login always finds a
+// place. Under the sessions-outlive-channels fault anonymous sessions fill
+// the table.
 func TestAnonymousShare(t *testing.T) {
-	m := NewManager(quiet(Limits{MaxSessions: 6}))
+	m := NewManager(quiet(Limits{MaxSessions: 6, AnonymousRefuse: true}))
 	now := time.Now()
 	var anon []*Session
 	for i := range 4 {
@@ -112,6 +113,54 @@ func TestAnonymousShare(t *testing.T) {
 	}
 	if f.Create("user", time.Hour, now) != nil {
 		t.Error("sessions-outlive-channels: an orphan was closed for a user login")
+	}
+}
+
+// TestAnonymousShareYields (issue 44, item 3): with the anonymous share
+// full of sessions on live channels used a moment ago, an anonymous
+// activation is refused; once one was idle for YieldIdle, the activation
+// closes the one idle longest and is served. Under anonymous-full-refuses
+// it is refused BadTooManySessions.
+func TestAnonymousShareYields(t *testing.T) {
+	for _, fault := range []bool{false, true} {
+		m := NewManager(quiet(Limits{MaxSessions: 6, AnonymousRefuse: fault}))
+		now := time.Now()
+		var anon []*Session
+		for i := range 3 {
+			s := m.Create("anon", time.Hour, now)
+			if code := activateOn(s, "", uint32(10+i)); code != ua.StatusOK {
+				t.Fatalf("fault=%v: anonymous activation %d: %v", fault, i, code)
+			}
+			anon = append(anon, s)
+		}
+		// Used a moment ago: none yields to a fresh activation.
+		fresh := m.Create("fresh", time.Hour, now)
+		if code := activateOn(fresh, "", 20); code != ua.StatusBadTooManySessions {
+			t.Fatalf("fault=%v: anonymous activation beside busy sessions: %v, want BadTooManySessions", fault, code)
+		}
+		// anon[1] idle longest (beyond YieldIdle), anon[0] and anon[2]
+		// used since.
+		anon[1].Touch(now.Add(-time.Minute))
+		anon[0].Touch(now.Add(-time.Second))
+		code := activateOn(fresh, "", 20)
+		if fault {
+			if code != ua.StatusBadTooManySessions {
+				t.Errorf("anonymous-full-refuses: fresh anonymous activation %v, want BadTooManySessions", code)
+			}
+			if c := m.Counts(); c.AnonymousYielded != 0 || c.AnonymousRefused != 2 {
+				t.Errorf("anonymous-full-refuses: counts %+v", c)
+			}
+			continue
+		}
+		if code != ua.StatusOK {
+			t.Fatalf("fresh anonymous activation at a full share of live sessions: %v", code)
+		}
+		if !anon[1].Closed() || anon[0].Closed() || anon[2].Closed() {
+			t.Error("not the session idle longest was closed")
+		}
+		if c := m.Counts(); c.Anonymous != 3 || c.AnonymousYielded != 1 || c.AnonymousRefused != 1 {
+			t.Errorf("counts %+v", c)
+		}
 	}
 }
 

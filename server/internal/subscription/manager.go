@@ -100,6 +100,10 @@ type Options struct {
 	// that cannot grow in ModifyMonitoredItems keeps its size and gets
 	// the same). A transferred item keeps its charge.
 	Budget *budget.Budget
+	// ParkedKeepsRequest is the parked-publish-whole fault: a parked
+	// Publish keeps its whole decoded request (every acknowledgement)
+	// and is charged nowhere: parked Publishes are bounded by count only.
+	ParkedKeepsRequest bool
 	// ValueSize is the estimated size of one queued value in bytes
 	// (DefaultValueSize).
 	ValueSize int64

@@ -3,9 +3,12 @@ package subscription
 import (
 	"context"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/gopcua/opcua/ua"
+
+	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 )
 
 // Publish queues a Publish request. Its acknowledgements are processed now;
@@ -55,6 +58,18 @@ func (s *Session) Publish(call PublishCall) {
 			p.results[i] = s.ackLocked(a)
 		}
 	}
+	if !m.opts.ParkedKeepsRequest {
+		// Parked, it keeps what its answer needs: the request header
+		// (its handle) and the acknowledgements' results, charged by
+		// bytes. (Fault parked-publish-whole: the whole request, charged
+		// nowhere.)
+		p.call.Request = &ua.PublishRequest{RequestHeader: r.RequestHeader}
+		if !m.chargeParked(p) {
+			m.tooMany.Add(1)
+			p.call.Respond(m.Fault(p.call.Request, ua.StatusBadTooManyPublishRequests))
+			return
+		}
+	}
 	if len(s.pending) >= m.opts.MaxPublishRequests {
 		old := s.pending[0]
 		s.pending = slices.Delete(s.pending, 0, 1)
@@ -66,6 +81,42 @@ func (s *Session) Publish(call PublishCall) {
 		sub.lifetimeCtr = 0
 	}
 	s.serveLateLocked(now)
+}
+
+// Parked Publish costs, charged to budget.Publish while parked.
+const (
+	// parkedOverhead is what a parked Publish costs beside its results:
+	// the pendingPublish, its call and trimmed request, its header.
+	parkedOverhead = 512
+	// smallParked is what a parked Publish may always cost (its results
+	// for up to 1000 acknowledgements): a client that acknowledges as it
+	// goes parks whatever others hold, within MaxPublishRequests.
+	smallParked = parkedOverhead + 4*1000
+)
+
+// chargeParked charges p's cost (its results and parkedOverhead) to the
+// budget's Publish class and makes its Respond give it back, once; it
+// reports false, charging nothing, when a cost above smallParked does not
+// fit.
+func (m *Manager) chargeParked(p *pendingPublish) bool {
+	cost := int64(parkedOverhead + 4*len(p.results))
+	switch {
+	case m.opts.Budget == nil:
+		return true
+	case cost <= smallParked:
+		m.opts.Budget.Force(budget.Publish, cost)
+	case !m.opts.Budget.Charge(budget.Publish, cost):
+		m.log.Debug("Publish refused: publish budget exhausted", "bytes", cost, "acks", len(p.results),
+			"publish_bytes", m.opts.Budget.UsedBy(budget.Publish), "limit", m.opts.Budget.ClassLimit(budget.Publish))
+		return false
+	}
+	respond := p.call.Respond
+	var once sync.Once
+	p.call.Respond = func(r ua.Response) {
+		once.Do(func() { m.opts.Budget.Release(budget.Publish, cost) })
+		respond(r)
+	}
+	return true
 }
 
 // ackLocked removes an acknowledged message from its retransmission queue.

@@ -13,7 +13,9 @@ import (
 
 // PublishCall is one Publish request handed to Session.Publish.
 type PublishCall struct {
-	// Request is the decoded request.
+	// Request is the decoded request. Once parked, only its header is
+	// kept (its acknowledgements are processed on arrival), unless the
+	// parked-publish-whole fault is on.
 	Request *ua.PublishRequest
 	// Budget is the largest encoded size of the response, transport headers
 	// included (the client's receive buffer size); 0 means the manager's
