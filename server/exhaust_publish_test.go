@@ -108,7 +108,9 @@ func TestParkedPublishBudgeted(t *testing.T) {
 			if limit := ts.budget.ClassLimit(budget.Publish); charged > limit || charged < int64(n)*4*acks {
 				t.Errorf("publish class holds %d bytes for %d parked: want within [%d, %d]", charged, n, int64(n)*4*acks, limit)
 			}
-			if limit := int64(n)*(4*acks+4096) + 4<<20; grown > limit {
+			// the heap, not a precise measure under -race (the byte
+			// charge above is): judged in plain builds only
+			if limit := int64(n)*(4*acks+4096) + 4<<20; !raceEnabled && grown > limit {
 				t.Errorf("the heap grew %d bytes for %d parked Publishes: want their results only (≤ %d)", grown, n, limit)
 			}
 			// a small Publish parks beside them
