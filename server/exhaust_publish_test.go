@@ -38,9 +38,9 @@ func parked(srv *Server) int {
 	return n
 }
 
-// TestParkedPublishBudgeted: 20 Publishes of 200 000 acknowledgements
-// (1.6 MB each) on a subscription that has nothing to send. Protected,
-// those that fit the publish class (2 MiB of a 32 MiB budget) are parked
+// TestParkedPublishBudgeted: 20 Publishes of 20 000 acknowledgements
+// (160 kB each) on a subscription that has nothing to send. Protected,
+// those that fit the publish class (256 KiB of a 4 MiB budget) are parked
 // holding their results only, the rest are answered
 // BadTooManyPublishRequests, and the live heap grows by little; a small
 // Publish still parks. Under parked-publish-whole all 20 park, holding
@@ -48,11 +48,11 @@ func parked(srv *Server) int {
 func TestParkedPublishBudgeted(t *testing.T) {
 	const (
 		publishes = 20
-		acks      = 200_000
+		acks      = 20_000 // small enough to decode quickly under -race
 	)
 	for _, fault := range []bool{false, true} {
 		t.Run(fmt.Sprintf("parked-publish-whole=%v", fault), func(t *testing.T) {
-			cfg := Config{MemoryBudget: 32 << 20}
+			cfg := Config{MemoryBudget: 4 << 20}
 			if fault {
 				cfg.Faults = Faults{catalog.FaultParkedPublishWhole: true}
 			}
