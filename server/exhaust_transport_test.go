@@ -365,13 +365,7 @@ func TestEvictAtConnectionLimit(t *testing.T) {
 				t.Fatalf("new client at the limit: %v", err)
 			}
 			defer victim.Close()
-			_ = victim.SetDeadline(time.Now().Add(10 * time.Second))
-			if err := victim.Open(); err != nil {
-				t.Fatalf("new client's OpenSecureChannel: %v", err)
-			}
-			if err := victim.Session(nil); err != nil {
-				t.Fatalf("new client's session: %v", err)
-			}
+			logIn(t, victim)
 			if r, err := victim.Call(statusRead()); err != nil || r.Status() != ua.StatusOK {
 				t.Fatalf("new client's Read: %v %v", r, err)
 			}
@@ -509,13 +503,7 @@ func TestClosedSessionsNotSpared(t *testing.T) {
 					t.Fatalf("new client at the limit: %v", err)
 				}
 				defer victim.Close()
-				_ = victim.SetDeadline(time.Now().Add(10 * time.Second))
-				if err := victim.Open(); err != nil {
-					t.Fatalf("new client's OpenSecureChannel: %v", err)
-				}
-				if err := victim.Session(nil); err != nil {
-					t.Fatalf("new client's session: %v", err)
-				}
+				logIn(t, victim)
 				if code, _ := awaitClose(t, closers[0], 5*time.Second); code != ua.StatusBadTCPNotEnoughResources {
 					t.Errorf("oldest channel without a session closed with %v, want ERR BadTcpNotEnoughResources", code)
 				}
@@ -527,5 +515,18 @@ func TestClosedSessionsNotSpared(t *testing.T) {
 				t.Errorf("Read on the channel that holds its session: %v %v", r, err)
 			}
 		})
+	}
+}
+
+// logIn opens a secure channel and an activated session on a new
+// client's connection c within 10 s.
+func logIn(t *testing.T, c *uawire.Conn) {
+	t.Helper()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := c.Open(); err != nil {
+		t.Fatalf("new client's OpenSecureChannel: %v", err)
+	}
+	if err := c.Session(nil); err != nil {
+		t.Fatalf("new client's session: %v", err)
 	}
 }
