@@ -110,6 +110,9 @@ func (s *Server) readValue(ctx context.Context, rv *ua.ReadValueID, ts ua.Timest
 	if rv == nil || rv.NodeID == nil {
 		return &ua.DataValue{EncodingMask: ua.DataValueStatusCode, Status: ua.StatusBadNodeIDUnknown}, nil
 	}
+	if s.nodeIDTooLong(rv.NodeID) {
+		return &ua.DataValue{EncodingMask: ua.DataValueStatusCode, Status: ua.StatusBadNodeIDInvalid}, nil
+	}
 	v, ok, err := s.value(ctx, rv.NodeID)
 	if err != nil {
 		return nil, err

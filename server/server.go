@@ -186,6 +186,10 @@ func New(cfg Config) (*Server, error) {
 	fill(&cfg.MaxHeldLoginsPerPeer, DefaultMaxHeldLogins)
 	fill(&cfg.MaxSecretBlocks, DefaultMaxSecretBlocks)
 	fill(&cfg.MaxStringLength, DefaultMaxStringLength)
+	fill(&cfg.MaxNodeIDLength, DefaultMaxNodeIDLength)
+	fill(&cfg.MaxOPNBlocks, DefaultMaxOPNBlocks)
+	fill(&cfg.RSAOpsPerPeer, DefaultRSAOpsPerPeer)
+	fill(&cfg.RSABurstPerPeer, DefaultRSABurstPerPeer)
 	fill(&cfg.MaxSessions, session.DefaultMaxSessions)
 	if cfg.Quirks.Has(catalog.QuirkMaxSessions20) {
 		cfg.MaxSessions = min(cfg.MaxSessions, MaxSessionsQuirk)
