@@ -82,10 +82,12 @@ const (
 	DefaultMaxOPNBlocks = 16
 	// DefaultRSAOpsPerPeer is the RSA private-key operations per second
 	// (OpenSecureChannel blocks decrypted, CreateSession signatures)
-	// one peer address may cost the server; DefaultRSABurstPerPeer the
-	// most it may spend at once.
-	DefaultRSAOpsPerPeer   = 50
-	DefaultRSABurstPerPeer = 100
+	// one peer address may cost the server (about a quarter of a core);
+	// DefaultRSABurstPerPeer the most it may spend at once (a few hundred
+	// secured channels and sessions opened together from one address, as
+	// a proxy's clients do).
+	DefaultRSAOpsPerPeer   = 200
+	DefaultRSABurstPerPeer = 2000
 )
 
 // Parameters of the fault switches.

@@ -42,6 +42,7 @@ const (
 	NodePanics            = "Counter.Panics"              // panics recovered (the process lived on)
 	NodeDecodingErrors    = "Counter.DecodingErrors"      // requests answered BadDecodingError
 	NodeLoginsDelayed     = "Counter.LoginsDelayed"       // ActivateSession calls held back after failed logins
+	NodeRSARefused        = "Counter.RSARefused"          // OpenSecureChannel and CreateSession refused over their peer's budget of RSA work
 	NodeUnactivated       = "Counter.SessionsUnactivated" // sessions created, not yet activated
 
 	NodeMemoryBudget  = "Memory.Budget"  // the memory budget's byte limit (0: none, the no-byte-budget fault)
@@ -367,6 +368,8 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 		return s.stats.decodingErrors.Load(), true, nil
 	case NodeLoginsDelayed:
 		return s.stats.loginsDelayed.Load(), true, nil
+	case NodeRSARefused:
+		return s.stats.rsaRefused.Load(), true, nil
 	case NodeUnactivated:
 		return int64(c.Unactivated), true, nil
 	}

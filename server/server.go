@@ -57,6 +57,7 @@ type Server struct {
 	counters    *subscription.Counters // SampledCounter / FastCounter nodes
 	decoder     *uabin.Decoder         // guards request decoding
 	logins      *loginThrottle         // delays failed logins per peer IP and user
+	rsa         *rsaWork               // RSA private-key operations per peer IP
 	openConns   atomic.Int64           // TCP connections being served
 	budget      *budget.Budget         // bytes hostile peers can make it hold; nil under no-byte-budget
 
@@ -109,6 +110,7 @@ type stats struct {
 	decodingErrors    atomic.Int64 // requests answered BadDecodingError
 	loginsDelayed     atomic.Int64 // ActivateSession calls held back by the login throttle
 	loginsOverBudget  atomic.Int64 // ActivateSession calls refused unchecked: the user's failed-login budget was spent
+	rsaRefused        atomic.Int64 // OpenSecureChannel and CreateSession refused over their peer's budget of RSA work
 }
 
 // New validates cfg, fills in defaults and returns a server.
@@ -231,6 +233,7 @@ func New(cfg Config) (*Server, error) {
 		conns:   map[*conn]struct{}{},
 		decoder: uabin.NewDecoder(uabin.Limits{MaxDepth: cfg.MaxDecodeDepth}),
 		logins:  newLoginThrottle(cfg.LoginFreeFailures, cfg.LoginDelay, cfg.LoginDelayMax),
+		rsa:     newRSAWork(cfg.RSAOpsPerPeer, cfg.RSABurstPerPeer),
 	}
 	if !cfg.Faults.Has(catalog.FaultNoByteBudget) {
 		s.budget = budget.New(cfg.MemoryBudget)
@@ -599,11 +602,21 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 	if s.cfg.Faults.Has(catalog.FaultResponsesUnbudgeted) {
 		writeTimeout = 0
 	}
+	host, _, err := net.SplitHostPort(remote)
+	if err != nil {
+		host = remote
+	}
+	// Fault opn-blocks-unbounded: every block of any OpenSecureChannel
+	// decrypted, from any address as often as it sends them.
+	maxOPNBlocks, admitOPN := s.cfg.MaxOPNBlocks, func(blocks int) bool { return s.takeRSA(host, blocks, "OpenSecureChannel") }
+	if s.cfg.Faults.Has(catalog.FaultOPNBlocksUnbounded) {
+		maxOPNBlocks, admitOPN = 0, nil
+	}
 	id := s.nextChannelID.Add(1)
 	cn.chID = id
 	// Shutdown closes a connection still in its handshake at once.
 	stopClose := context.AfterFunc(ctx, func() { _ = c.Close() })
-	t, err := channel.Accept(c, channel.Config{
+	t, err = channel.Accept(c, channel.Config{
 		IDs: channel.IDs{
 			SecureChannelID: id,
 			SequenceNumber:  1,
@@ -635,6 +648,8 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 		WriteTimeout:    writeTimeout,
 		Active:          func() bool { return s.holdsSession(cn) },
 		EnforceLifetime: !s.cfg.Faults.Has(catalog.FaultIdleAfterOpen),
+		MaxOPNBlocks:    maxOPNBlocks,
+		AdmitOPN:        admitOPN,
 	})
 	stopClose()
 	if err != nil {
@@ -648,10 +663,6 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 	if evicted {
 		// Evicted while its handshake ran, and not closed in time.
 		t.Evict(ua.StatusBadTCPNotEnoughResources, errEvicted)
-	}
-	host, _, err := net.SplitHostPort(remote)
-	if err != nil {
-		host = remote
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
