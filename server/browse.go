@@ -169,7 +169,7 @@ func folderNodes() []string {
 		NodeReads, NodeReadRequests, NodeRequests, NodeRejected, NodeTimeouts,
 		NodeSessions, NodeSessionsCumulated, NodeChannels, NodeChannelsCumulated,
 		NodeTooBusy, NodeCancelled, NodeConnections, NodeRefused, NodeEvicted,
-		NodePanics, NodeDecodingErrors, NodeLoginsDelayed, NodeRSARefused, NodeUnactivated,
+		NodePanics, NodeDecodingErrors, NodeLoginsDelayed, NodeRSARefused, NodeSecretsRefused, NodeUnactivated,
 		NodeMemoryBudget, NodeMemoryCharged,
 	}
 	for _, c := range budget.Classes() {

@@ -88,6 +88,10 @@ const (
 	// a proxy's clients do).
 	DefaultRSAOpsPerPeer   = 200
 	DefaultRSABurstPerPeer = 2000
+	// DefaultSecretOpsPerSecond is the server-wide budget of RSA blocks a
+	// second decrypted for the user secrets of addresses with failed
+	// logins (about a quarter of a core), at most twice it at once.
+	DefaultSecretOpsPerSecond = 200
 )
 
 // Parameters of the fault switches.
@@ -346,6 +350,16 @@ type Config struct {
 	// BadTcpServerTooBusy, a CreateSession with BadTooManyOperations,
 	// neither decrypted nor signed.
 	RSAOpsPerPeer, RSABurstPerPeer int
+	// SecretOpsPerSecond is the server-wide budget of RSA blocks
+	// decrypted a second (DefaultSecretOpsPerSecond, at most twice it at
+	// once) for the encrypted user secrets of ActivateSession from peer
+	// addresses that failed LoginFreeFailures logins or more: over it
+	// such an attempt is answered BadTooManyOperations, not decrypted.
+	// Many addresses each within their own throttle cannot together
+	// keep the server's cores decrypting; an address without failed
+	// logins is not charged, so a client that knows its password is
+	// never refused for others' guesses.
+	SecretOpsPerSecond int
 	// MaxAnonymousSessions bounds the sessions of anonymous identity
 	// (default MaxSessions/2), so anonymous clients cannot take the
 	// places of user logins.
@@ -499,6 +513,7 @@ func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 		{"OPCUA_MAX_OPN_BLOCKS", &cfg.MaxOPNBlocks},
 		{"OPCUA_RSA_OPS_PER_PEER", &cfg.RSAOpsPerPeer},
 		{"OPCUA_RSA_BURST_PER_PEER", &cfg.RSABurstPerPeer},
+		{"OPCUA_SECRET_OPS_PER_SECOND", &cfg.SecretOpsPerSecond},
 		{"OPCUA_MAX_ANONYMOUS_SESSIONS", &cfg.MaxAnonymousSessions},
 	} {
 		if *v.dst, err = positive(getenv(v.env), v.env); err != nil {

@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -203,6 +205,63 @@ func TestCreateSessionSigningBudget(t *testing.T) {
 				t.Errorf("%d signed, %d refused: want at most 9 signed (10 operations, one the channel's own session's), the rest refused", signed, refused)
 			case fault && signed != calls:
 				t.Errorf("under the fault %d of %d signed", signed, calls)
+			}
+		})
+	}
+}
+
+// TestSecretDecryptionBudget: 8 addresses each try 10 logins under fresh
+// user names with a junk secret of 16 RSA blocks. Each address's first
+// LoginFreeFailures (3) are decrypted; after them its secrets are paid
+// from the server-wide budget of 16 blocks a second (32 at once), and the
+// rest are refused BadTooManyOperations undecrypted (Counter.SecretsRefused),
+// however many addresses there are; alice, from an address without
+// failed logins, logs in at once. Under the fault secrets-unbudgeted every
+// secret is decrypted.
+func TestSecretDecryptionBudget(t *testing.T) {
+	const addrs, tries, blocks = 8, 10, 16
+	for _, fault := range []bool{false, true} {
+		t.Run(map[bool]string{false: "protected", true: string(catalog.FaultSecretsUnbudgeted)}[fault], func(t *testing.T) {
+			ts := runServer(t, Config{Users: map[string]string{"alice": "secret"}, LoginDelay: time.Millisecond, LoginDelayMax: 10 * time.Millisecond,
+				LoginFreeFailures: 3, SecretOpsPerSecond: 16, Faults: Faults{catalog.FaultSecretsUnbudgeted: fault}})
+			keyLen := ts.creds.key.Size()
+			var mu sync.Mutex
+			decrypted, refused := 0, 0
+			start := time.Now()
+			var wg sync.WaitGroup
+			for a := range addrs {
+				r := createRaw(t, newRawChannelFrom(t, ts.endpoint, fmt.Sprintf("127.0.0.%d", 40+a)))
+				wg.Go(func() {
+					for i := range tries {
+						err := r.activate(junkSecret(fmt.Sprintf("guess-%d-%d", a, i), blocks*keyLen))
+						mu.Lock()
+						switch {
+						case errors.Is(err, ua.StatusBadIdentityTokenInvalid):
+							decrypted++
+						case errors.Is(err, ua.StatusBadTooManyOperations):
+							refused++
+						default:
+							t.Errorf("login %d from address %d: %v", i, a, err)
+						}
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			took := time.Since(start)
+			home := createRaw(t, newRawChannelFrom(t, ts.endpoint, "127.0.0.9"))
+			d, err := timedActivate(home, home.user("alice", "secret", home.nonce))
+			if err != nil {
+				t.Errorf("alice from a clean address: %v", err)
+			}
+			t.Logf("%d of %d secrets of %d blocks decrypted, %d refused undecrypted, in %v from %d addresses (Counter.SecretsRefused %d); alice logged in after %v",
+				decrypted, addrs*tries, blocks, refused, took.Round(time.Millisecond), addrs, ts.stats.secretsRefused.Load(), d.Round(time.Millisecond))
+			budget := 2 + int(took.Seconds()) + 1 // 32 blocks at once, 16 a second
+			switch {
+			case !fault && (decrypted > addrs*3+budget || int64(refused) != ts.stats.secretsRefused.Load() || refused == 0):
+				t.Errorf("%d decrypted, %d refused: want at most %d free and %d from the budget, the rest refused and counted", decrypted, refused, addrs*3, budget)
+			case fault && decrypted != addrs*tries:
+				t.Errorf("under the fault %d of %d decrypted", decrypted, addrs*tries)
 			}
 		})
 	}

@@ -43,6 +43,7 @@ const (
 	NodeDecodingErrors    = "Counter.DecodingErrors"      // requests answered BadDecodingError
 	NodeLoginsDelayed     = "Counter.LoginsDelayed"       // ActivateSession calls held back after failed logins
 	NodeRSARefused        = "Counter.RSARefused"          // OpenSecureChannel and CreateSession refused over their peer's budget of RSA work
+	NodeSecretsRefused    = "Counter.SecretsRefused"      // ActivateSession refused undecrypted over the server-wide budget of secret decryption
 	NodeUnactivated       = "Counter.SessionsUnactivated" // sessions created, not yet activated
 
 	NodeMemoryBudget  = "Memory.Budget"  // the memory budget's byte limit (0: none, the no-byte-budget fault)
@@ -370,6 +371,8 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 		return s.stats.loginsDelayed.Load(), true, nil
 	case NodeRSARefused:
 		return s.stats.rsaRefused.Load(), true, nil
+	case NodeSecretsRefused:
+		return s.stats.secretsRefused.Load(), true, nil
 	case NodeUnactivated:
 		return int64(c.Unactivated), true, nil
 	}

@@ -3,6 +3,10 @@ package server
 import (
 	"sync"
 	"time"
+
+	"github.com/gopcua/opcua/ua"
+
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 )
 
 // rsaWork is the server's budget of RSA private-key operations per peer
@@ -90,5 +94,33 @@ func (s *Server) takeRSA(ip string, n int, what string) bool {
 	}
 	s.stats.rsaRefused.Add(1)
 	s.log.Debug("refused over the peer's budget of RSA work", "remote", ip, "service", what, "operations", n)
+	return false
+}
+
+// payForSecret pays the RSA blocks of an identity token's encrypted secret
+// from the server-wide budget of secret decryption (Config.SecretOpsPerSecond)
+// when the attempt comes from an address that failed LoginFreeFailures
+// logins or more, and reports whether it may be decrypted. Other tokens,
+// addresses without failed logins and secrets over MaxSecretBlocks (refused
+// undecrypted anyway) cost nothing. A refusal is counted
+// (Counter.SecretsRefused). Fault secrets-unbudgeted: every secret may be
+// decrypted.
+func (s *Server) payForSecret(ip string, eo *ua.ExtensionObject, now time.Time) bool {
+	if s.cfg.Faults.Has(catalog.FaultSecretsUnbudgeted) || eo == nil {
+		return true
+	}
+	t, ok := eo.Value.(*ua.UserNameIdentityToken)
+	if !ok || t.EncryptionAlgorithm == "" || len(t.Password) == 0 {
+		return true
+	}
+	n := s.secretBlocks(t.Password)
+	if n > s.cfg.MaxSecretBlocks || !s.logins.suspect(ip, now) {
+		return true
+	}
+	if s.secrets.take("", n, now) {
+		return true
+	}
+	s.stats.secretsRefused.Add(1)
+	s.log.Debug("login refused undecrypted over the server-wide budget of secret decryption", "remote", ip, "blocks", n)
 	return false
 }

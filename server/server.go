@@ -58,6 +58,7 @@ type Server struct {
 	decoder     *uabin.Decoder         // guards request decoding
 	logins      *loginThrottle         // delays failed logins per peer IP and user
 	rsa         *rsaWork               // RSA private-key operations per peer IP
+	secrets     *rsaWork               // RSA blocks of user secrets of addresses with failed logins, server-wide (one key)
 	openConns   atomic.Int64           // TCP connections being served
 	budget      *budget.Budget         // bytes hostile peers can make it hold; nil under no-byte-budget
 
@@ -111,6 +112,7 @@ type stats struct {
 	loginsDelayed     atomic.Int64 // ActivateSession calls held back by the login throttle
 	loginsOverBudget  atomic.Int64 // ActivateSession calls refused unchecked: the user's failed-login budget was spent
 	rsaRefused        atomic.Int64 // OpenSecureChannel and CreateSession refused over their peer's budget of RSA work
+	secretsRefused    atomic.Int64 // ActivateSession refused undecrypted over the server-wide budget of secret decryption
 }
 
 // New validates cfg, fills in defaults and returns a server.
@@ -192,6 +194,7 @@ func New(cfg Config) (*Server, error) {
 	fill(&cfg.MaxOPNBlocks, DefaultMaxOPNBlocks)
 	fill(&cfg.RSAOpsPerPeer, DefaultRSAOpsPerPeer)
 	fill(&cfg.RSABurstPerPeer, DefaultRSABurstPerPeer)
+	fill(&cfg.SecretOpsPerSecond, DefaultSecretOpsPerSecond)
 	fill(&cfg.MaxSessions, session.DefaultMaxSessions)
 	if cfg.Quirks.Has(catalog.QuirkMaxSessions20) {
 		cfg.MaxSessions = min(cfg.MaxSessions, MaxSessionsQuirk)
@@ -234,6 +237,7 @@ func New(cfg Config) (*Server, error) {
 		decoder: uabin.NewDecoder(uabin.Limits{MaxDepth: cfg.MaxDecodeDepth}),
 		logins:  newLoginThrottle(cfg.LoginFreeFailures, cfg.LoginDelay, cfg.LoginDelayMax),
 		rsa:     newRSAWork(cfg.RSAOpsPerPeer, cfg.RSABurstPerPeer),
+		secrets: newRSAWork(cfg.SecretOpsPerSecond, 2*cfg.SecretOpsPerSecond),
 	}
 	if !cfg.Faults.Has(catalog.FaultNoByteBudget) {
 		s.budget = budget.New(cfg.MemoryBudget)

@@ -416,6 +416,9 @@ func (s *Server) activateSession(cn *conn, r *ua.ActivateSessionRequest, now tim
 		s.log.Info("activation rejected", "session", sess.ID.String(), "status", ua.StatusBadApplicationSignatureInvalid, "reason", why)
 		return s.fault(r, ua.StatusBadApplicationSignatureInvalid)
 	}
+	if !s.payForSecret(cn.remoteIP, r.UserIdentityToken, now) {
+		return s.fault(r, ua.StatusBadTooManyOperations)
+	}
 	user, code, why := s.authenticate(r.UserIdentityToken, nonce, sec.PolicyURI)
 	if activated, _, chID := sess.State(); code == ua.StatusOK && activated && chID != cn.id && s.cfg.Faults.Has(catalog.FaultNoReactivate) {
 		// Fault no-reactivate: the session stays bound to its old channel.

@@ -286,6 +286,13 @@ const (
 	// secured channel (an RSA private-key operation) for anyone, as often
 	// as they ask: no per-address budget of RSA work for CreateSession.
 	FaultSessionSigningUnthrottled Fault = "session-signing-unthrottled"
+	// FaultSecretsUnbudgeted decrypts the user secret (up to
+	// MaxSecretBlocks RSA blocks) of every ActivateSession the login
+	// throttle lets through, from however many addresses: no
+	// server-wide budget of decryption for the addresses with failed
+	// logins, so guessers at many addresses, each within its own
+	// throttle, keep the cores decrypting together.
+	FaultSecretsUnbudgeted Fault = "secrets-unbudgeted"
 )
 
 // AllFaults lists every fault switch.
@@ -308,7 +315,7 @@ var AllFaults = []Fault{
 	FaultOnceActivatedSpared, FaultAnonymousFullRefuses, FaultGuessesAcrossAddresses,
 	FaultClaimedURITrusted,
 	FaultResponsesUnbudgeted, FaultParkedPublishWhole,
-	FaultLongNodeIDsKept, FaultOPNBlocksUnbounded, FaultSessionSigningUnthrottled,
+	FaultLongNodeIDsKept, FaultOPNBlocksUnbounded, FaultSessionSigningUnthrottled, FaultSecretsUnbudgeted,
 }
 
 // MinSoak returns the shortest soak (the suites' SOAK setting) in which
