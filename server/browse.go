@@ -22,6 +22,8 @@ import (
 //   - an empty NodesToBrowse is BadNothingToDo, more than MaxNodesPerBrowse
 //     BadTooManyOperations (on arrival, like a Read over MaxNodesPerRead),
 //     a View other than the null NodeId BadViewIdUnknown (ServiceFaults);
+//   - a string or opaque NodeId over Config.MaxNodeIDLength is a
+//     BrowseResult BadNodeIdInvalid (never looked up);
 //   - an unknown node is a BrowseResult BadNodeIdUnknown, a BrowseDirection
 //     other than Forward, Inverse or Both BadBrowseDirectionInvalid, a
 //     ReferenceTypeId outside namespace 0 BadReferenceTypeIdInvalid;
@@ -167,7 +169,7 @@ func folderNodes() []string {
 		NodeReads, NodeReadRequests, NodeRequests, NodeRejected, NodeTimeouts,
 		NodeSessions, NodeSessionsCumulated, NodeChannels, NodeChannelsCumulated,
 		NodeTooBusy, NodeCancelled, NodeConnections, NodeRefused, NodeEvicted,
-		NodePanics, NodeDecodingErrors, NodeLoginsDelayed, NodeUnactivated,
+		NodePanics, NodeDecodingErrors, NodeLoginsDelayed, NodeRSARefused, NodeSecretsRefused, NodeUnactivated,
 		NodeMemoryBudget, NodeMemoryCharged,
 	}
 	for _, c := range budget.Classes() {
@@ -314,6 +316,10 @@ func (s *Server) browse(ctx context.Context, r *ua.BrowseRequest) ua.Response {
 				s.stats.timeouts.Add(1)
 			}
 			return s.fault(r, code)
+		}
+		if d != nil && s.nodeIDTooLong(d.NodeID) {
+			results[i] = &ua.BrowseResult{StatusCode: ua.StatusBadNodeIDInvalid}
+			continue
 		}
 		results[i] = a.browseNode(d, r.RequestedMaxReferencesPerNode, hideChannel)
 	}

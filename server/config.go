@@ -73,6 +73,25 @@ const (
 	DefaultMaxSecretBlocks = 16
 	// DefaultMaxStringLength bounds the client strings a session keeps.
 	DefaultMaxStringLength = 4096
+	// DefaultMaxNodeIDLength bounds the identifier of a string or opaque
+	// NodeId the server resolves (4 KiB: no node of this server has a
+	// name near it).
+	DefaultMaxNodeIDLength = 4096
+	// DefaultMaxOPNBlocks bounds the RSA blocks of a secured
+	// OpenSecureChannel request (a real one has 2 to 5).
+	DefaultMaxOPNBlocks = 16
+	// DefaultRSAOpsPerPeer is the RSA private-key operations per second
+	// (OpenSecureChannel blocks decrypted, CreateSession signatures)
+	// one peer address may cost the server (about a quarter of a core);
+	// DefaultRSABurstPerPeer the most it may spend at once (a few hundred
+	// secured channels and sessions opened together from one address, as
+	// a proxy's clients do).
+	DefaultRSAOpsPerPeer   = 200
+	DefaultRSABurstPerPeer = 2000
+	// DefaultSecretOpsPerSecond is the server-wide budget of RSA blocks a
+	// second decrypted for the user secrets of addresses with failed
+	// logins (about a quarter of a core), at most twice it at once.
+	DefaultSecretOpsPerSecond = 200
 )
 
 // Parameters of the fault switches.
@@ -314,6 +333,33 @@ type Config struct {
 	// name, endpoint URL, ...): longer ones are truncated
 	// (DefaultMaxStringLength).
 	MaxStringLength int
+	// MaxNodeIDLength bounds the identifier of a string or opaque NodeId
+	// the server resolves, in bytes (DefaultMaxNodeIDLength): a longer
+	// one is BadNodeIdInvalid in Read, Browse and CreateMonitoredItems,
+	// never looked up, kept or sampled.
+	MaxNodeIDLength int
+	// MaxOPNBlocks bounds the RSA blocks of a secured OpenSecureChannel
+	// request (DefaultMaxOPNBlocks): a longer one closes the channel with
+	// BadSecurityChecksFailed before any block is decrypted.
+	MaxOPNBlocks int
+	// RSAOpsPerPeer and RSABurstPerPeer are one peer address's budget of
+	// RSA private-key operations (DefaultRSAOpsPerPeer a second, at most
+	// DefaultRSABurstPerPeer at once): the blocks of its secured
+	// OpenSecureChannel requests and the signatures of its CreateSession
+	// calls. An OpenSecureChannel over it is refused with ERR
+	// BadTcpServerTooBusy, a CreateSession with BadTooManyOperations,
+	// neither decrypted nor signed.
+	RSAOpsPerPeer, RSABurstPerPeer int
+	// SecretOpsPerSecond is the server-wide budget of RSA blocks
+	// decrypted a second (DefaultSecretOpsPerSecond, at most twice it at
+	// once) for the encrypted user secrets of ActivateSession from peer
+	// addresses that failed LoginFreeFailures logins or more: over it
+	// such an attempt is answered BadTooManyOperations, not decrypted.
+	// Many addresses each within their own throttle cannot together
+	// keep the server's cores decrypting; an address without failed
+	// logins is not charged, so a client that knows its password is
+	// never refused for others' guesses.
+	SecretOpsPerSecond int
 	// MaxAnonymousSessions bounds the sessions of anonymous identity
 	// (default MaxSessions/2), so anonymous clients cannot take the
 	// places of user logins.
@@ -463,6 +509,11 @@ func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 		{"OPCUA_MAX_HELD_LOGINS", &cfg.MaxHeldLoginsPerPeer},
 		{"OPCUA_MAX_SECRET_BLOCKS", &cfg.MaxSecretBlocks},
 		{"OPCUA_MAX_STRING_LENGTH", &cfg.MaxStringLength},
+		{"OPCUA_MAX_NODEID_LENGTH", &cfg.MaxNodeIDLength},
+		{"OPCUA_MAX_OPN_BLOCKS", &cfg.MaxOPNBlocks},
+		{"OPCUA_RSA_OPS_PER_PEER", &cfg.RSAOpsPerPeer},
+		{"OPCUA_RSA_BURST_PER_PEER", &cfg.RSABurstPerPeer},
+		{"OPCUA_SECRET_OPS_PER_SECOND", &cfg.SecretOpsPerSecond},
 		{"OPCUA_MAX_ANONYMOUS_SESSIONS", &cfg.MaxAnonymousSessions},
 	} {
 		if *v.dst, err = positive(getenv(v.env), v.env); err != nil {

@@ -232,7 +232,21 @@
 // timer, never on a reader or worker, holding a trimmed copy of its request
 // charged to the memory budget, at most MaxHeldLoginsPerPeer per peer IP
 // (BadTooManyOperations beyond), and dropped with its channel. An encrypted
-// secret of more than MaxSecretBlocks RSA blocks is refused undecrypted.
+// secret of more than MaxSecretBlocks RSA blocks is refused undecrypted;
+// the secrets of peer addresses with failed logins are decrypted within a
+// server-wide SecretOpsPerSecond blocks (BadTooManyOperations beyond).
+//
+// RSA private-key work is bounded before it is done: a secured
+// OpenSecureChannel of more than MaxOPNBlocks encrypted blocks closes with
+// ERR BadSecurityChecksFailed undecrypted (its signature is inside the
+// encrypted plaintext, so it cannot be checked first), and each peer
+// address may spend RSAOpsPerPeer private-key operations a second
+// (RSABurstPerPeer at once) on OpenSecureChannel blocks (ERR
+// BadTcpServerTooBusy beyond) and CreateSession signatures
+// (BadTooManyOperations). String and opaque NodeIds over MaxNodeIDLength
+// are BadNodeIdInvalid in Read, Browse and CreateMonitoredItems; a
+// monitored item is charged its NodeId beside its queue, and its node is
+// resolved once, not for every sample.
 //
 // Memory hostile peers can make the server hold is charged to one byte
 // budget (MemoryBudget, package internal/budget) in classes with shares of

@@ -320,13 +320,21 @@ func TestItemQueueBomb(t *testing.T) {
 		}
 	}
 	share := ts.budget.ClassLimit(budget.Items)
-	perItem := int64(subscription.DefaultMaxQueueSize * subscription.DefaultValueSize)
-	if want := int(share / perItem); good != want || refused != 2000-want {
+	// each item is charged its queue, its NodeId and itemOverhead
+	perItem := func(i int) int64 {
+		return int64(subscription.DefaultMaxQueueSize*subscription.DefaultValueSize) + itemOverhead + int64(len(fmt.Sprintf("SampledCounter.%d", i%16)))
+	}
+	want, wantCharged := 0, int64(0)
+	for wantCharged+perItem(want) <= share {
+		wantCharged += perItem(want)
+		want++
+	}
+	if good != want || refused != 2000-want {
 		t.Errorf("%d items granted, %d refused; want %d, %d", good, refused, want, 2000-want)
 	}
 	charged := readInt(t, c, NodeMemoryCharged+".items")
-	if charged != int64(good)*perItem || charged > share {
-		t.Errorf("Memory.Charged.items = %d, want %d (share %d)", charged, int64(good)*perItem, share)
+	if charged != wantCharged || charged > share {
+		t.Errorf("Memory.Charged.items = %d, want %d (share %d)", charged, wantCharged, share)
 	}
 	if n := readInt(t, c, "Memory.Refused.items"); n != int64(refused) {
 		t.Errorf("Memory.Refused.items = %d, want %d", n, refused)

@@ -42,6 +42,8 @@ const (
 	NodePanics            = "Counter.Panics"              // panics recovered (the process lived on)
 	NodeDecodingErrors    = "Counter.DecodingErrors"      // requests answered BadDecodingError
 	NodeLoginsDelayed     = "Counter.LoginsDelayed"       // ActivateSession calls held back after failed logins
+	NodeRSARefused        = "Counter.RSARefused"          // OpenSecureChannel and CreateSession refused over their peer's budget of RSA work
+	NodeSecretsRefused    = "Counter.SecretsRefused"      // ActivateSession refused undecrypted over the server-wide budget of secret decryption
 	NodeUnactivated       = "Counter.SessionsUnactivated" // sessions created, not yet activated
 
 	NodeMemoryBudget  = "Memory.Budget"  // the memory budget's byte limit (0: none, the no-byte-budget fault)
@@ -109,6 +111,9 @@ func (s *Server) read(ctx context.Context, r *ua.ReadRequest) ua.Response {
 func (s *Server) readValue(ctx context.Context, rv *ua.ReadValueID, ts ua.TimestampsToReturn) (*ua.DataValue, error) {
 	if rv == nil || rv.NodeID == nil {
 		return &ua.DataValue{EncodingMask: ua.DataValueStatusCode, Status: ua.StatusBadNodeIDUnknown}, nil
+	}
+	if s.nodeIDTooLong(rv.NodeID) {
+		return &ua.DataValue{EncodingMask: ua.DataValueStatusCode, Status: ua.StatusBadNodeIDInvalid}, nil
 	}
 	v, ok, err := s.value(ctx, rv.NodeID)
 	if err != nil {
@@ -364,6 +369,10 @@ func (s *Server) ownValue(ctx context.Context, name string) (any, bool, error) {
 		return s.stats.decodingErrors.Load(), true, nil
 	case NodeLoginsDelayed:
 		return s.stats.loginsDelayed.Load(), true, nil
+	case NodeRSARefused:
+		return s.stats.rsaRefused.Load(), true, nil
+	case NodeSecretsRefused:
+		return s.stats.secretsRefused.Load(), true, nil
 	case NodeUnactivated:
 		return int64(c.Unactivated), true, nil
 	}

@@ -643,6 +643,15 @@ func (l *loginThrottle) done(k loginKeys, o outcome, now time.Time) {
 	})
 }
 
+// suspect reports whether the peer address ip failed free logins or more
+// with a user name lately (its peer-IP key).
+func (l *loginThrottle) suspect(ip string, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p := l.ips.peer(ip, now)
+	return p != nil && p.failures >= l.free
+}
+
 // hold takes one of ip's at most limit held logins; it reports false if
 // all are taken.
 func (l *loginThrottle) hold(ip string, limit int) bool {

@@ -57,6 +57,8 @@ type Server struct {
 	counters    *subscription.Counters // SampledCounter / FastCounter nodes
 	decoder     *uabin.Decoder         // guards request decoding
 	logins      *loginThrottle         // delays failed logins per peer IP and user
+	rsa         *rsaWork               // RSA private-key operations per peer IP
+	secrets     *rsaWork               // RSA blocks of user secrets of addresses with failed logins, server-wide (one key)
 	openConns   atomic.Int64           // TCP connections being served
 	budget      *budget.Budget         // bytes hostile peers can make it hold; nil under no-byte-budget
 
@@ -109,6 +111,8 @@ type stats struct {
 	decodingErrors    atomic.Int64 // requests answered BadDecodingError
 	loginsDelayed     atomic.Int64 // ActivateSession calls held back by the login throttle
 	loginsOverBudget  atomic.Int64 // ActivateSession calls refused unchecked: the user's failed-login budget was spent
+	rsaRefused        atomic.Int64 // OpenSecureChannel and CreateSession refused over their peer's budget of RSA work
+	secretsRefused    atomic.Int64 // ActivateSession refused undecrypted over the server-wide budget of secret decryption
 }
 
 // New validates cfg, fills in defaults and returns a server.
@@ -186,6 +190,11 @@ func New(cfg Config) (*Server, error) {
 	fill(&cfg.MaxHeldLoginsPerPeer, DefaultMaxHeldLogins)
 	fill(&cfg.MaxSecretBlocks, DefaultMaxSecretBlocks)
 	fill(&cfg.MaxStringLength, DefaultMaxStringLength)
+	fill(&cfg.MaxNodeIDLength, DefaultMaxNodeIDLength)
+	fill(&cfg.MaxOPNBlocks, DefaultMaxOPNBlocks)
+	fill(&cfg.RSAOpsPerPeer, DefaultRSAOpsPerPeer)
+	fill(&cfg.RSABurstPerPeer, DefaultRSABurstPerPeer)
+	fill(&cfg.SecretOpsPerSecond, DefaultSecretOpsPerSecond)
 	fill(&cfg.MaxSessions, session.DefaultMaxSessions)
 	if cfg.Quirks.Has(catalog.QuirkMaxSessions20) {
 		cfg.MaxSessions = min(cfg.MaxSessions, MaxSessionsQuirk)
@@ -227,6 +236,8 @@ func New(cfg Config) (*Server, error) {
 		conns:   map[*conn]struct{}{},
 		decoder: uabin.NewDecoder(uabin.Limits{MaxDepth: cfg.MaxDecodeDepth}),
 		logins:  newLoginThrottle(cfg.LoginFreeFailures, cfg.LoginDelay, cfg.LoginDelayMax),
+		rsa:     newRSAWork(cfg.RSAOpsPerPeer, cfg.RSABurstPerPeer),
+		secrets: newRSAWork(cfg.SecretOpsPerSecond, 2*cfg.SecretOpsPerSecond),
 	}
 	if !cfg.Faults.Has(catalog.FaultNoByteBudget) {
 		s.budget = budget.New(cfg.MemoryBudget)
@@ -595,11 +606,21 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 	if s.cfg.Faults.Has(catalog.FaultResponsesUnbudgeted) {
 		writeTimeout = 0
 	}
+	host, _, err := net.SplitHostPort(remote)
+	if err != nil {
+		host = remote
+	}
+	// Fault opn-blocks-unbounded: every block of any OpenSecureChannel
+	// decrypted, from any address as often as it sends them.
+	maxOPNBlocks, admitOPN := s.cfg.MaxOPNBlocks, func(blocks int) bool { return s.takeRSA(host, blocks, "OpenSecureChannel") }
+	if s.cfg.Faults.Has(catalog.FaultOPNBlocksUnbounded) {
+		maxOPNBlocks, admitOPN = 0, nil
+	}
 	id := s.nextChannelID.Add(1)
 	cn.chID = id
 	// Shutdown closes a connection still in its handshake at once.
 	stopClose := context.AfterFunc(ctx, func() { _ = c.Close() })
-	t, err := channel.Accept(c, channel.Config{
+	t, err = channel.Accept(c, channel.Config{
 		IDs: channel.IDs{
 			SecureChannelID: id,
 			SequenceNumber:  1,
@@ -631,6 +652,8 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 		WriteTimeout:    writeTimeout,
 		Active:          func() bool { return s.holdsSession(cn) },
 		EnforceLifetime: !s.cfg.Faults.Has(catalog.FaultIdleAfterOpen),
+		MaxOPNBlocks:    maxOPNBlocks,
+		AdmitOPN:        admitOPN,
 	})
 	stopClose()
 	if err != nil {
@@ -644,10 +667,6 @@ func (s *Server) serveConn(ctx context.Context, cn *conn) {
 	if evicted {
 		// Evicted while its handshake ran, and not closed in time.
 		t.Evict(ua.StatusBadTCPNotEnoughResources, errEvicted)
-	}
-	host, _, err := net.SplitHostPort(remote)
-	if err != nil {
-		host = remote
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -254,7 +254,9 @@ func certificateNames(cert []byte, uri string) error {
 // certificate, if sent, must be the channel's (Part 4, 5.6.2:
 // BadCertificateInvalid otherwise), the client nonce at least 32 bytes
 // (BadNonceInvalid), and the response carries the server's signature over
-// the client certificate and nonce. On a None channel whose mode is not
+// the client certificate and nonce, paid from the peer address's budget
+// of RSA work (Config.RSAOpsPerPeer: BadTooManyOperations, unsigned, once
+// it is spent). On a None channel whose mode is not
 // offered, only discovery is served: BadSecurityModeRejected.
 func (s *Server) createSession(cn *conn, r *ua.CreateSessionRequest, now time.Time) ua.Response {
 	sec := cn.security()
@@ -269,6 +271,12 @@ func (s *Server) createSession(cn *conn, r *ua.CreateSessionRequest, now time.Ti
 		}
 		if len(r.ClientNonce) < session.NonceSize {
 			return s.fault(r, ua.StatusBadNonceInvalid)
+		}
+		// A private-key operation, paid from the peer's budget of RSA
+		// work (rsaWork). (Fault session-signing-unthrottled: signed for
+		// anyone, as often as asked.)
+		if !s.cfg.Faults.Has(catalog.FaultSessionSigningUnthrottled) && !s.takeRSA(cn.remoteIP, 1, "CreateSession") {
+			return s.fault(r, ua.StatusBadTooManyOperations)
 		}
 		// Over the channel's client certificate and the client nonce.
 		var err error
@@ -407,6 +415,9 @@ func (s *Server) activateSession(cn *conn, r *ua.ActivateSessionRequest, now tim
 		s.stats.securityRejected.Add(1)
 		s.log.Info("activation rejected", "session", sess.ID.String(), "status", ua.StatusBadApplicationSignatureInvalid, "reason", why)
 		return s.fault(r, ua.StatusBadApplicationSignatureInvalid)
+	}
+	if !s.payForSecret(cn.remoteIP, r.UserIdentityToken, now) {
+		return s.fault(r, ua.StatusBadTooManyOperations)
 	}
 	user, code, why := s.authenticate(r.UserIdentityToken, nonce, sec.PolicyURI)
 	if activated, _, chID := sess.State(); code == ua.StatusOK && activated && chID != cn.id && s.cfg.Faults.Has(catalog.FaultNoReactivate) {

@@ -36,7 +36,7 @@ func (s *Server) newSubscriptions() {
 	s.counters = subscription.NewCounters(1, s.cfg.Counters, clock)
 	opts := subscription.Options{
 		Clock:         clock,
-		Source:        subscription.Sources{s.counterSource(), nodeSource{s}},
+		Source:        boundedSource{s, subscription.Sources{s.counterSource(), nodeSource{s}}},
 		Logger:        s.log,
 		SamplingDrift: s.cfg.Faults.Has(catalog.FaultSamplingDrift),
 		SamplerSkips:  s.cfg.Faults.Has(catalog.FaultSamplerSkips),
@@ -58,6 +58,8 @@ func (s *Server) newSubscriptions() {
 		MaxItemsPerCall:    s.cfg.MaxMonitoredItemsPerCall,
 		MaxItemsPerSession: s.cfg.MaxMonitoredItemsPerSession,
 		MaxItemsTotal:      s.cfg.MaxMonitoredItems,
+
+		ItemCost: s.itemCost(),
 	}
 	opts.Budget = s.budget // nil under no-byte-budget: queues are bounded by count only
 	// Fault parked-publish-whole: a parked Publish keeps its whole
@@ -108,11 +110,29 @@ func transferAllowed(from, to *session.Session, secured, claimedURI bool) bool {
 	return claimedURI || (from.ClientCertificate() != "" && from.ClientCertificate() == to.ClientCertificate())
 }
 
+// boundedSource refuses a NodeId over Config.MaxNodeIDLength with
+// BadNodeIdInvalid before any source looks it up (nodeIDTooLong).
+type boundedSource struct {
+	s    *Server
+	next subscription.Source
+}
+
+// Resolve implements subscription.Source.
+func (b boundedSource) Resolve(node *ua.NodeID, attr ua.AttributeID) (subscription.ReadFunc, ua.StatusCode) {
+	if b.s.nodeIDTooLong(node) {
+		return nil, ua.StatusBadNodeIDInvalid
+	}
+	return b.next.Resolve(node, attr)
+}
+
 // nodeSource lets monitored items sample the server's other nodes (not the
 // Slow and Busy nodes, which would stall a sampling group).
 type nodeSource struct{ s *Server }
 
-// Resolve implements subscription.Source.
+// Resolve implements subscription.Source. A node is resolved once: its name is taken from the NodeId here (StringID copies
+// it) and the sampler reads the value by that name, so a sample never
+// copies or re-decodes the NodeId. (Fault long-nodeids-kept: any length,
+// and every sample takes the name from the NodeId again.)
 func (n nodeSource) Resolve(node *ua.NodeID, attr ua.AttributeID) (subscription.ReadFunc, ua.StatusCode) {
 	if node.Namespace() == 1 && node.Type() == ua.NodeIDTypeString {
 		if id := node.StringID(); strings.HasPrefix(id, "Slow.") || strings.HasPrefix(id, "Busy.") {
@@ -120,14 +140,18 @@ func (n nodeSource) Resolve(node *ua.NodeID, attr ua.AttributeID) (subscription.
 		}
 	}
 	ctx := context.Background()
-	if _, ok, _ := n.s.value(ctx, node); !ok {
+	value := func() (any, bool, error) { return n.s.value(ctx, node) }
+	if !n.s.cfg.Faults.Has(catalog.FaultLongNodeIDsKept) {
+		value = n.s.resolveValue(node)
+	}
+	if _, ok, _ := value(); !ok {
 		return nil, ua.StatusBadNodeIDUnknown
 	}
 	if attr != ua.AttributeIDValue {
 		return nil, ua.StatusBadAttributeIDInvalid
 	}
 	return func(t subscription.SampleTime) *ua.DataValue {
-		v, ok, _ := n.s.value(ctx, node)
+		v, ok, _ := value()
 		if !ok {
 			return &ua.DataValue{EncodingMask: ua.DataValueStatusCode, Status: ua.StatusBadNodeIDUnknown}
 		}
@@ -142,6 +166,22 @@ func (n nodeSource) Resolve(node *ua.NodeID, attr ua.AttributeID) (subscription.
 		}
 	}, ua.StatusOK
 }
+
+// itemCost is what a monitored item of node is charged beside its queue
+// (subscription.Options.ItemCost): its NodeId's bytes and the item's own
+// state and filter. Nil under the fault long-nodeids-kept: an item is
+// charged its queue only.
+func (s *Server) itemCost() func(*ua.NodeID) int64 {
+	if s.cfg.Faults.Has(catalog.FaultLongNodeIDsKept) {
+		return nil
+	}
+	return func(n *ua.NodeID) int64 { return itemOverhead + int64(nodeIDLength(n)) }
+}
+
+// itemOverhead is a monitored item's fixed cost beyond its queue and its
+// NodeId's identifier: the MonitoredItem, its NodeId, its sampler entry,
+// its trigger (the only part of a DataChangeFilter kept) and its closure.
+const itemOverhead = 512
 
 // subscriptionState returns the subscription state of a session, creating
 // it (and arranging its deletion when the session closes) on first use.

@@ -267,6 +267,32 @@ const (
 	// (MaxPublishRequests per session), so Publishes of 2 MiB of
 	// acknowledgements hold many times that each.
 	FaultParkedPublishWhole Fault = "parked-publish-whole"
+	// FaultLongNodeIDsKept resolves, keeps and samples NodeIds of any
+	// length (no Config.MaxNodeIDLength, BadNodeIdInvalid) and charges a
+	// monitored item its queue only, not its NodeId: a diagnostic pattern
+	// (Owner.<owner>.<counter>) resolves any name, so items of 2 MB
+	// NodeIds hold 2 MB each, uncharged, and every sample looks the whole
+	// name up again.
+	FaultLongNodeIDsKept Fault = "long-nodeids-kept"
+	// FaultOPNBlocksUnbounded decrypts every RSA block of a secured
+	// OpenSecureChannel request before its signature (inside the
+	// encrypted plaintext) can be checked, however many there are, and
+	// from any peer address as often as it sends them: no
+	// Config.MaxOPNBlocks and no per-address budget of RSA work for
+	// OpenSecureChannel. A 65 KB OPN costs about 0.2 s of CPU each time
+	// it is replayed.
+	FaultOPNBlocksUnbounded Fault = "opn-blocks-unbounded"
+	// FaultSessionSigningUnthrottled signs every CreateSession on a
+	// secured channel (an RSA private-key operation) for anyone, as often
+	// as they ask: no per-address budget of RSA work for CreateSession.
+	FaultSessionSigningUnthrottled Fault = "session-signing-unthrottled"
+	// FaultSecretsUnbudgeted decrypts the user secret (up to
+	// MaxSecretBlocks RSA blocks) of every ActivateSession the login
+	// throttle lets through, from however many addresses: no
+	// server-wide budget of decryption for the addresses with failed
+	// logins, so guessers at many addresses, each within its own
+	// throttle, keep the cores decrypting together.
+	FaultSecretsUnbudgeted Fault = "secrets-unbudgeted"
 )
 
 // AllFaults lists every fault switch.
@@ -289,6 +315,7 @@ var AllFaults = []Fault{
 	FaultOnceActivatedSpared, FaultAnonymousFullRefuses, FaultGuessesAcrossAddresses,
 	FaultClaimedURITrusted,
 	FaultResponsesUnbudgeted, FaultParkedPublishWhole,
+	FaultLongNodeIDsKept, FaultOPNBlocksUnbounded, FaultSessionSigningUnthrottled, FaultSecretsUnbudgeted,
 }
 
 // MinSoak returns the shortest soak (the suites' SOAK setting) in which

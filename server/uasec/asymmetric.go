@@ -295,7 +295,36 @@ func (a *Asymmetric) SealOPN(dst []byte, channelID, seq, reqID uint32, body []by
 // URI is this Asymmetric's, that the receiver thumbprint is the local
 // certificate's and that the sender certificate is the expected remote
 // one. body is a fresh slice; chunk is not modified.
+//
+// Every block is decrypted before the signature is checked: an OPN chunk
+// is signed, then encrypted (Part 6, 6.7.2.3), so its signature is the
+// end of the encrypted plaintext and cannot be verified before all of it
+// was decrypted, one RSA private-key operation a block. A peer that sends
+// a chunk of many blocks (a 65 KB chunk is 256 blocks of RSA-2048) makes
+// the receiver work that much for nothing; a server bounds the blocks
+// first (OpenOPNBounded).
 func (a *Asymmetric) OpenOPN(chunk []byte) (h OPNHeader, seq, reqID uint32, body []byte, err error) {
+	return a.OpenOPNBounded(chunk, 0)
+}
+
+// EncryptedBlocks returns the number of RSA blocks of the encrypted part of
+// an OPN chunk whose asymmetric header is h, with this Asymmetric's local
+// key (0 for policy None): what decrypting it costs, in private-key
+// operations.
+func (a *Asymmetric) EncryptedBlocks(chunk []byte, h OPNHeader) int {
+	if a.policy == ua.SecurityPolicyURINone || a.localKeyLen == 0 || len(chunk) < h.Len {
+		return 0
+	}
+	return (len(chunk) - h.Len + a.localKeyLen - 1) / a.localKeyLen
+}
+
+// OpenOPNBounded is OpenOPN refusing, before it decrypts anything, a
+// chunk of more than maxBlocks encrypted blocks (0: no bound) with an
+// error wrapping ErrTooManyBlocks (Status: Bad_SecurityChecksFailed). A
+// real OpenSecureChannel request fits in a few blocks: its sequence
+// header, a short request with the client nonce, padding and a signature
+// of at most 512 bytes.
+func (a *Asymmetric) OpenOPNBounded(chunk []byte, maxBlocks int) (h OPNHeader, seq, reqID uint32, body []byte, err error) {
 	h, err = ParseOPNHeader(chunk)
 	if err != nil {
 		return h, 0, 0, nil, err
@@ -319,6 +348,9 @@ func (a *Asymmetric) OpenOPN(chunk []byte) (h OPNHeader, seq, reqID uint32, body
 			uapolicy.Thumbprint(h.SenderCert), a.remoteThumb, ErrCertificate)
 	}
 	enc := chunk[h.Len:]
+	if n := a.EncryptedBlocks(chunk, h); maxBlocks > 0 && n > maxBlocks {
+		return h, 0, 0, nil, fmt.Errorf("open OPN: %d encrypted blocks, at most %d: %w", n, maxBlocks, ErrTooManyBlocks)
+	}
 	if len(enc) == 0 || len(enc)%a.localKeyLen != 0 {
 		return h, 0, 0, nil, fmt.Errorf("open OPN: %d encrypted bytes, key %d bytes: %w", len(enc), a.localKeyLen, ErrDecrypt)
 	}

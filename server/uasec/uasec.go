@@ -63,6 +63,9 @@ var (
 	ErrCertificate = errors.New("certificate invalid")
 	// ErrNonce: a nonce has the wrong length for the policy.
 	ErrNonce = errors.New("nonce invalid")
+	// ErrTooManyBlocks: an OPN chunk has more encrypted blocks than the
+	// receiver decrypts (OpenOPNBounded); nothing was decrypted.
+	ErrTooManyBlocks = errors.New("too many encrypted blocks")
 )
 
 // Status maps an error of this package to the status code a peer should

@@ -536,3 +536,32 @@ func TestCertificateKey(t *testing.T) {
 		t.Errorf("CertificateKey of no certificate: %v, want an error naming the client certificate", err)
 	}
 }
+
+// TestOpenOPNBounded: an OPN chunk of more encrypted blocks than the bound
+// is refused with ErrTooManyBlocks (Status Bad_SecurityChecksFailed)
+// before anything is decrypted; within the bound, and with no bound, it
+// opens as OpenOPN does.
+func TestOpenOPNBounded(t *testing.T) {
+	cli, srv := asymPair(t, ua.SecurityPolicyURIBasic256Sha256, ua.MessageSecurityModeSignAndEncrypt, testKey(t, "client", 2048), testKey(t, "server", 2048))
+	body := pattern(4000)
+	c, err := cli.SealOPN(nil, 0, 1, 1, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := ParseOPNHeader(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := srv.EncryptedBlocks(c, h)
+	if n < 19 || n > 21 {
+		t.Fatalf("%d encrypted blocks for a 4000-byte body, want about 20", n)
+	}
+	if _, _, _, _, err := srv.OpenOPNBounded(c, n-1); !errors.Is(err, ErrTooManyBlocks) || Status(err) != ua.StatusBadSecurityChecksFailed {
+		t.Errorf("%d blocks at a bound of %d: %v (%v), want ErrTooManyBlocks, BadSecurityChecksFailed", n, n-1, err, Status(err))
+	}
+	for _, bound := range []int{n, 0} {
+		if _, _, _, got, err := srv.OpenOPNBounded(c, bound); err != nil || !bytes.Equal(got, body) {
+			t.Errorf("bound %d: %v", bound, err)
+		}
+	}
+}

@@ -52,7 +52,17 @@ const (
 	// maxGuessRate is the most failed logins per second one peer may get
 	// answered from a server that declares a login throttle.
 	maxGuessRate = 5
+	// maxCPUPerMessage is the most server CPU one message of the CPU
+	// amplifiers of issue 44 may cost (cpuAttacks).
+	maxCPUPerMessage = 50 * time.Millisecond
 )
+
+// cpuAttacks are the attacks of issue 44 judged by the issue's bound of
+// CPU per hostile message (maxCPUPerMessage) beside the catalogue's
+// second: a large secured OpenSecureChannel replayed, CreateSession
+// signed for anyone, monitored items of 2 MB NodeIds sampled every
+// millisecond.
+var cpuAttacks = []string{attack.NameOPNBlocks, attack.NameSessionSigning, attack.NameLongNodeIDs}
 
 // exhaustLimits configures the reference server so that the attacks go
 // past its limits quickly: 300 connections, 200 sessions (100 of them
@@ -69,6 +79,7 @@ var exhaustCatches = []catalog.Fault{
 	catalog.FaultOnceActivatedSpared, catalog.FaultAnonymousFullRefuses, catalog.FaultGuessesAcrossAddresses,
 	catalog.FaultClaimedURITrusted,
 	catalog.FaultResponsesUnbudgeted, catalog.FaultParkedPublishWhole,
+	catalog.FaultLongNodeIDsKept, catalog.FaultOPNBlocksUnbounded, catalog.FaultSessionSigningUnthrottled,
 }
 
 // floodSessions is the session table the session floods go past: the
@@ -136,6 +147,9 @@ func exhaustion(cond toxics.Condition) scenario.Scenario {
 		{Name: "lockout", Config: lockout},
 		{Name: "answers", Config: answers},
 		{Name: "amplification", Config: check.AmplificationConfig{Attacks: perMessage}},
+	}
+	if cpu := slices.DeleteFunc(slices.Clone(cpuAttacks), func(n string) bool { return !slices.Contains(names, n) }); len(cpu) > 0 {
+		s.Checks = append(s.Checks, check.Spec{Name: "amplification-cpu", Config: check.AmplificationConfig{Attacks: cpu, MaxCPUPerMessage: maxCPUPerMessage}})
 	}
 	if slices.Contains(names, attack.NameClaimedURITheft) {
 		s.Checks = append(s.Checks, check.Spec{Name: "theft", Config: check.TheftConfig{Attacks: []string{attack.NameClaimedURITheft}}})

@@ -212,6 +212,21 @@ func (t *SecureTransport) readSecuredOpen(body []byte, policy string, senderCert
 		// The request is not encrypted with our key.
 		return openRequest{}, t.fail(ua.StatusBadCertificateInvalid, fmt.Errorf("receiver thumbprint %x is not our certificate's", thumbprint))
 	}
+	// The blocks to decrypt are counted, bounded and admitted before
+	// anything else costs the server a private-key operation.
+	chunk := t.rbuf[:frameHeaderLen+len(body)]
+	h, err := uasec.ParseOPNHeader(chunk)
+	if err != nil {
+		return openRequest{}, t.fail(uasec.Status(err), err)
+	}
+	keyLen := s.PrivateKey.Size()
+	blocks := (len(chunk) - h.Len + keyLen - 1) / keyLen
+	if limit := t.cfg.MaxOPNBlocks; limit > 0 && blocks > limit {
+		return openRequest{}, t.fail(ua.StatusBadSecurityChecksFailed, fmt.Errorf("OpenSecureChannel of %d encrypted blocks, at most %d: %w", blocks, limit, uasec.ErrTooManyBlocks))
+	}
+	if t.cfg.AdmitOPN != nil && !t.cfg.AdmitOPN(blocks) {
+		return openRequest{}, t.fail(ua.StatusBadTCPServerTooBusy, fmt.Errorf("OpenSecureChannel of %d encrypted blocks over the peer's budget of RSA work", blocks))
+	}
 	if _, err := clientKey(senderCert); err != nil {
 		return openRequest{}, t.fail(ua.StatusBadCertificateInvalid, err)
 	}
@@ -227,13 +242,12 @@ func (t *SecureTransport) readSecuredOpen(body []byte, policy string, senderCert
 	if t.open {
 		asym = t.sec.asym
 	} else {
-		var err error
 		asym, err = uasec.NewAsymmetric(policy, ua.MessageSecurityModeSignAndEncrypt, s.PrivateKey, s.Certificate, bytes.Clone(senderCert))
 		if err != nil {
 			return openRequest{}, t.fail(uasec.Status(err), err)
 		}
 	}
-	_, seq, reqID, payload, err := asym.OpenOPN(t.rbuf[:frameHeaderLen+len(body)])
+	_, seq, reqID, payload, err := asym.OpenOPNBounded(chunk, t.cfg.MaxOPNBlocks)
 	if err != nil {
 		return openRequest{}, t.fail(uasec.Status(err), err)
 	}

@@ -148,6 +148,19 @@ type Config struct {
 	// slow to read never expires a token. Off: tokens never expire (the
 	// idle-after-open fault).
 	EnforceLifetime bool
+	// MaxOPNBlocks bounds the RSA blocks of a secured OpenSecureChannel
+	// request: one of more closes the channel with ERR
+	// BadSecurityChecksFailed before any block is decrypted (its
+	// signature is inside the encrypted plaintext: see
+	// uasec.Asymmetric.OpenOPN). Zero: no bound (the
+	// opn-blocks-unbounded fault).
+	MaxOPNBlocks int
+	// AdmitOPN, when set, is asked before the blocks of a secured
+	// OpenSecureChannel request are decrypted, with their number: false
+	// closes the channel with ERR BadTcpServerTooBusy, nothing
+	// decrypted (the server's budget of RSA work per peer address). Nil
+	// admits every request.
+	AdmitOPN func(blocks int) bool
 }
 
 // Closing reasons of a channel closed by one of its timers.

@@ -25,7 +25,8 @@ type MonitoredItem struct {
 	clientHandle uint32
 	interval     time.Duration // the interval the sampler runs it at (its revised sampling interval but under the sample-at-publish fault); sampler group key
 	mode         ua.MonitoringMode
-	charged      int64 // bytes charged to the manager's budget for the queue
+	charged      int64 // bytes charged to the manager's budget for the queue and the node
+	nodeCharge   int64 // the part of charged for the node (Options.ItemCost), fixed for its life
 
 	mu            sync.Mutex // guards the fields below (sampler vs publisher)
 	active        bool       // sampled: false while disabled and once deleted

@@ -95,7 +95,7 @@ type Options struct {
 	// arrive, not at its full size.
 	MaxQueueSize uint32
 	// Budget, if not nil, is charged each monitored item's queue size ×
-	// ValueSize (budget.Items) while the item lives: an item that does not
+	// ValueSize and its ItemCost (budget.Items) while the item lives: an item that does not
 	// fit gets BadResourceUnavailable in CreateMonitoredItems (a queue
 	// that cannot grow in ModifyMonitoredItems keeps its size and gets
 	// the same). A transferred item keeps its charge.
@@ -104,6 +104,10 @@ type Options struct {
 	// Publish keeps its whole decoded request (every acknowledgement)
 	// and is charged nowhere: parked Publishes are bounded by count only.
 	ParkedKeepsRequest bool
+	// ItemCost, if not nil, is what a monitored item of a node is charged
+	// to Budget beside its queue, while it lives: its NodeId's bytes and
+	// its own state (nil: the queue only).
+	ItemCost func(node *ua.NodeID) int64
 	// ValueSize is the estimated size of one queued value in bytes
 	// (DefaultValueSize).
 	ValueSize int64
@@ -486,6 +490,15 @@ func (m *Manager) reserveItem() bool {
 
 // queueCost is the budget charge of a queue of size values.
 func (m *Manager) queueCost(size int) int64 { return int64(size) * m.opts.ValueSize }
+
+// nodeCost is the budget charge of an item of node beside its queue
+// (Options.ItemCost).
+func (m *Manager) nodeCost(node *ua.NodeID) int64 {
+	if m.opts.ItemCost == nil {
+		return 0
+	}
+	return m.opts.ItemCost(node)
+}
 
 // releaseItem gives back the budget charge of an item being deleted. The
 // item's session's mutex held.

@@ -419,8 +419,10 @@ func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Res
 			}
 			// The queue's memory at its full size, charged now so that the
 			// queues can never grow beyond the budget (none under the
-			// item-queues-unbounded fault: the manager has no budget).
-			cost := m.queueCost(int(size))
+			// item-queues-unbounded fault: the manager has no budget),
+			// and the item's NodeId and own state beside it.
+			nodeCharge := m.nodeCost(rv.NodeID)
+			cost := m.queueCost(int(size)) + nodeCharge
 			if !m.opts.Budget.Charge(budget.Items, cost) {
 				m.items.Add(-1)
 				refused++
@@ -441,6 +443,7 @@ func (s *Session) CreateMonitoredItems(r *ua.CreateMonitoredItemsRequest) ua.Res
 				discardOldest: c.RequestedParameters.DiscardOldest,
 				size:          int(size),
 				charged:       cost,
+				nodeCharge:    nodeCharge,
 				active:        c.MonitoringMode != ua.MonitoringModeDisabled,
 				dupEvery:      m.dupEvery(),
 			}
@@ -486,7 +489,7 @@ func (s *Session) ModifyMonitoredItems(r *ua.ModifyMonitoredItemsRequest) ua.Res
 			}
 			// A bigger queue is charged its growth first; a smaller one gives
 			// the difference back.
-			cost := m.queueCost(int(size))
+			cost := m.queueCost(int(size)) + it.nodeCharge
 			if cost > it.charged && !m.opts.Budget.Charge(budget.Items, cost-it.charged) {
 				res.StatusCode = ua.StatusBadResourceUnavailable
 				continue
