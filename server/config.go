@@ -16,6 +16,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
+	"github.com/opcua-chaos/opcua-chaos/server/internal/subscription"
 )
 
 // Default values of Config.
@@ -73,6 +74,12 @@ const (
 	DefaultMaxSecretBlocks = 16
 	// DefaultMaxStringLength bounds the client strings a session keeps.
 	DefaultMaxStringLength = 4096
+	// DefaultMaxSubscriptions bounds live subscriptions of all sessions
+	// (10 000); each session may have at most 1000.
+	DefaultMaxSubscriptions = subscription.DefaultMaxSubscriptionsTotal
+	// DefaultMinPublishingInterval is the fastest publishing interval
+	// granted (10 ms): every subscription's loop wakes once an interval.
+	DefaultMinPublishingInterval = 10 * time.Millisecond
 )
 
 // Parameters of the fault switches.
@@ -230,6 +237,14 @@ type Config struct {
 	// subscription.DefaultMaxItemsPerCall, DefaultMaxItemsPerSession,
 	// DefaultMaxItemsTotal (10000, 20000, 100000).
 	MaxMonitoredItemsPerCall, MaxMonitoredItemsPerSession, MaxMonitoredItems int
+	// MaxSubscriptions bounds live subscriptions of all sessions
+	// (DefaultMaxSubscriptions; each session may have at most 1000):
+	// CreateSubscription beyond it is answered BadTooManySubscriptions.
+	MaxSubscriptions int
+	// MinPublishingInterval is the fastest publishing interval granted
+	// (DefaultMinPublishingInterval); requests below it are revised up
+	// to it. Sampling intervals are separate (1 ms at the fastest).
+	MinPublishingInterval time.Duration
 	// Counters is the number of SampledCounter.<i> and FastCounter.<i>
 	// nodes (subscription.DefaultCounters, 4096).
 	Counters int
@@ -282,9 +297,9 @@ type Config struct {
 	// MemoryBudget is the byte budget of memory hostile peers can make the
 	// server hold (budget.DefaultLimit, 256 MiB): unfinished chunks of all
 	// channels, queued requests by size, held logins, monitored-item
-	// queues, per-session strings and responses waiting to be sent, each
-	// class within a share of it
-	// (see package budget). A request that does not fit is refused with a
+	// queues, per-session strings, responses waiting to be sent, parked
+	// Publish requests and retransmission queues, each class within a
+	// share of it (see package budget). A request that does not fit is refused with a
 	// status, never held.
 	MemoryBudget int64
 	// IdleTimeout closes a secure channel on which no session was
@@ -459,6 +474,7 @@ func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 		{"OPCUA_MAX_MONITORED_ITEMS_PER_CALL", &cfg.MaxMonitoredItemsPerCall},
 		{"OPCUA_MAX_MONITORED_ITEMS_PER_SESSION", &cfg.MaxMonitoredItemsPerSession},
 		{"OPCUA_MAX_MONITORED_ITEMS", &cfg.MaxMonitoredItems},
+		{"OPCUA_MAX_SUBSCRIPTIONS", &cfg.MaxSubscriptions},
 		{"OPCUA_LOGIN_FREE_FAILURES", &cfg.LoginFreeFailures},
 		{"OPCUA_MAX_HELD_LOGINS", &cfg.MaxHeldLoginsPerPeer},
 		{"OPCUA_MAX_SECRET_BLOCKS", &cfg.MaxSecretBlocks},

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"math"
 	"strings"
 	"time"
 
@@ -58,7 +59,19 @@ func (s *Server) newSubscriptions() {
 		MaxItemsPerCall:    s.cfg.MaxMonitoredItemsPerCall,
 		MaxItemsPerSession: s.cfg.MaxMonitoredItemsPerSession,
 		MaxItemsTotal:      s.cfg.MaxMonitoredItems,
+
+		MaxSubscriptionsTotal: s.cfg.MaxSubscriptions,
+		MinPublishingInterval: s.cfg.MinPublishingInterval,
 	}
+	if s.cfg.Faults.Has(catalog.FaultSubscriptionsUnbounded) {
+		// Fault subscriptions-unbounded: only the per-session limit,
+		// publishing every millisecond allowed.
+		opts.MaxSubscriptionsTotal = math.MaxInt
+		opts.MinPublishingInterval = time.Millisecond
+	}
+	// Fault retransmit-unbudgeted: kept messages bounded by count only,
+	// charged nowhere.
+	opts.RetransmitUnbudgeted = s.cfg.Faults.Has(catalog.FaultRetransmitUnbudgeted)
 	opts.Budget = s.budget // nil under no-byte-budget: queues are bounded by count only
 	// Fault parked-publish-whole: a parked Publish keeps its whole
 	// request, charged nowhere.

@@ -267,6 +267,17 @@ const (
 	// (MaxPublishRequests per session), so Publishes of 2 MiB of
 	// acknowledgements hold many times that each.
 	FaultParkedPublishWhole Fault = "parked-publish-whole"
+	// FaultRetransmitUnbudgeted keeps the notification messages of a
+	// retransmission queue by count only (256 a subscription) and
+	// charges them nowhere: a client that never acknowledges makes the
+	// server keep 256 full messages for each of its subscriptions.
+	FaultRetransmitUnbudgeted Fault = "retransmit-unbudgeted"
+	// FaultSubscriptionsUnbounded drops the server-wide subscription
+	// limit and the 10 ms minimum publishing interval: subscriptions are
+	// bounded only per session (1000 each) and may publish every
+	// millisecond, so many sessions hold as many subscriptions, and their
+	// loops' wake-ups, as they like.
+	FaultSubscriptionsUnbounded Fault = "subscriptions-unbounded"
 )
 
 // AllFaults lists every fault switch.
@@ -289,6 +300,7 @@ var AllFaults = []Fault{
 	FaultOnceActivatedSpared, FaultAnonymousFullRefuses, FaultGuessesAcrossAddresses,
 	FaultClaimedURITrusted,
 	FaultResponsesUnbudgeted, FaultParkedPublishWhole,
+	FaultRetransmitUnbudgeted, FaultSubscriptionsUnbounded,
 }
 
 // MinSoak returns the shortest soak (the suites' SOAK setting) in which

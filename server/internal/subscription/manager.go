@@ -50,19 +50,24 @@ const (
 	// DefaultValueSize estimates the bytes one queued value holds: a
 	// DataValue of a scalar Variant with both timestamps, its boxed value
 	// and its ring slot (176 bytes measured for an Int64), rounded up.
-	DefaultValueSize            = 192
-	DefaultMaxResponseBytes     = 0xffff // gopcua's receive buffer: one chunk
-	DefaultMaxPublishRequests   = 100
-	DefaultMaxRetransmit        = 256
-	DefaultMaxSubscriptions     = 1000
-	DefaultMaxItems             = 100_000
-	DefaultMaxItemsPerCall      = 10_000
-	DefaultMaxItemsPerSession   = 20_000
-	DefaultMaxItemsTotal        = 100_000
-	DefaultMaxOperations        = 100_000
-	DefaultPublishDropKeep      = 3
-	DefaultSkipSequenceEvery    = 50
-	DefaultDuplicateSampleEvery = 200
+	DefaultValueSize          = 192
+	DefaultMaxResponseBytes   = 0xffff // gopcua's receive buffer: one chunk
+	DefaultMaxPublishRequests = 100
+	DefaultMaxRetransmit      = 256
+	DefaultMaxSubscriptions   = 1000
+	// DefaultMaxSubscriptionsTotal bounds live subscriptions of all
+	// sessions: each costs its publishing loop (a goroutine, a timer)
+	// and its state, about 5 KB, and a wake-up every publishing
+	// interval.
+	DefaultMaxSubscriptionsTotal = 10_000
+	DefaultMaxItems              = 100_000
+	DefaultMaxItemsPerCall       = 10_000
+	DefaultMaxItemsPerSession    = 20_000
+	DefaultMaxItemsTotal         = 100_000
+	DefaultMaxOperations         = 100_000
+	DefaultPublishDropKeep       = 3
+	DefaultSkipSequenceEvery     = 50
+	DefaultDuplicateSampleEvery  = 200
 )
 
 // Options configure a Manager. Zero values mean the defaults.
@@ -100,6 +105,16 @@ type Options struct {
 	// that cannot grow in ModifyMonitoredItems keeps its size and gets
 	// the same). A transferred item keeps its charge.
 	Budget *budget.Budget
+	// RetransmitUnbudgeted is the retransmit-unbudgeted fault: the
+	// notification messages kept for Republish are bounded by count
+	// only (MaxRetransmit a subscription) and charged nowhere. Otherwise,
+	// with a Budget, each kept message is charged its estimated size
+	// (retransCost) to budget.Retransmit, and one session may hold at
+	// most 1/RetransmitSessionShare of that class: a message that does
+	// not fit drops its subscription's oldest kept messages first (a
+	// Republish of one answers BadMessageNotAvailable, Part 4 5.13.6),
+	// or is not kept at all.
+	RetransmitUnbudgeted bool
 	// ParkedKeepsRequest is the parked-publish-whole fault: a parked
 	// Publish keeps its whole decoded request (every acknowledgement)
 	// and is charged nowhere: parked Publishes are bounded by count only.
@@ -124,6 +139,10 @@ type Options struct {
 	MaxRetransmit int
 	// MaxSubscriptions bounds subscriptions per session (1000).
 	MaxSubscriptions int
+	// MaxSubscriptionsTotal bounds live subscriptions of all sessions
+	// (DefaultMaxSubscriptionsTotal): CreateSubscription beyond it is
+	// answered BadTooManySubscriptions.
+	MaxSubscriptionsTotal int
 	// MaxItems bounds monitored items per subscription (100000).
 	MaxItems int
 	// MaxItemsPerCall bounds the items of one CreateMonitoredItems call
@@ -213,6 +232,7 @@ func (o *Options) fill() {
 	orDefault(&o.MaxPublishRequests, DefaultMaxPublishRequests)
 	orDefault(&o.MaxRetransmit, DefaultMaxRetransmit)
 	orDefault(&o.MaxSubscriptions, DefaultMaxSubscriptions)
+	orDefault(&o.MaxSubscriptionsTotal, DefaultMaxSubscriptionsTotal)
 	orDefault(&o.MaxItems, DefaultMaxItems)
 	orDefault(&o.MaxItemsPerCall, DefaultMaxItemsPerCall)
 	orDefault(&o.MaxItemsPerSession, DefaultMaxItemsPerSession)
@@ -310,7 +330,13 @@ type Stats struct {
 	Dropped       int64 // Publish requests dropped by the publish-drop fault
 	TooMany       int64 // Publish requests answered BadTooManyPublishRequests
 	TimedOut      int64 // Publish requests answered BadTimeout
-	Sampling      GroupStats
+	// RetransDropped counts notification messages dropped from (or never
+	// kept in) a retransmission queue for its byte budget.
+	RetransDropped int64
+	// TooManySubs counts CreateSubscription calls refused at
+	// MaxSubscriptionsTotal.
+	TooManySubs int64
+	Sampling    GroupStats
 }
 
 // Manager holds the subscription state of every session of a server.
@@ -334,6 +360,7 @@ type Manager struct {
 
 	created, expired, messages, keepAlives, notifications atomic.Int64
 	republished, dropped, tooMany, timedOut               atomic.Int64
+	retransDropped, tooManySubs                           atomic.Int64
 	subs, items, itemsDeleted                             atomic.Int64
 }
 
@@ -420,20 +447,22 @@ func (m *Manager) Stats() Stats {
 	m.mu.Unlock()
 	_, sampling := m.sampler.Stats()
 	return Stats{
-		Sessions:      n,
-		Subscriptions: int(m.subs.Load()),
-		Items:         int(m.items.Load()),
-		ItemsDeleted:  m.itemsDeleted.Load(),
-		Created:       m.created.Load(),
-		Expired:       m.expired.Load(),
-		Messages:      m.messages.Load(),
-		KeepAlives:    m.keepAlives.Load(),
-		Notifications: m.notifications.Load(),
-		Republished:   m.republished.Load(),
-		Dropped:       m.dropped.Load(),
-		TooMany:       m.tooMany.Load(),
-		TimedOut:      m.timedOut.Load(),
-		Sampling:      sampling,
+		Sessions:       n,
+		Subscriptions:  int(m.subs.Load()),
+		Items:          int(m.items.Load()),
+		ItemsDeleted:   m.itemsDeleted.Load(),
+		Created:        m.created.Load(),
+		Expired:        m.expired.Load(),
+		Messages:       m.messages.Load(),
+		KeepAlives:     m.keepAlives.Load(),
+		Notifications:  m.notifications.Load(),
+		Republished:    m.republished.Load(),
+		Dropped:        m.dropped.Load(),
+		TooMany:        m.tooMany.Load(),
+		TimedOut:       m.timedOut.Load(),
+		RetransDropped: m.retransDropped.Load(),
+		TooManySubs:    m.tooManySubs.Load(),
+		Sampling:       sampling,
 	}
 }
 
@@ -479,6 +508,20 @@ func (m *Manager) reserveItem() bool {
 			return false
 		}
 		if m.items.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// reserveSub counts one more live subscription unless
+// MaxSubscriptionsTotal are live; it reports whether it did.
+func (m *Manager) reserveSub() bool {
+	for {
+		n := m.subs.Load()
+		if n >= int64(m.opts.MaxSubscriptionsTotal) {
+			return false
+		}
+		if m.subs.CompareAndSwap(n, n+1) {
 			return true
 		}
 	}
