@@ -65,8 +65,10 @@ func (s *Server) newSubscriptions() {
 	}
 	if s.cfg.Faults.Has(catalog.FaultSubscriptionsUnbounded) {
 		// Fault subscriptions-unbounded: only the per-session limit,
-		// publishing every millisecond allowed.
+		// no server-wide publishing rate, publishing every millisecond
+		// allowed.
 		opts.MaxSubscriptionsTotal = math.MaxInt
+		opts.MaxPublishRate = -1
 		opts.MinPublishingInterval = time.Millisecond
 	}
 	// Fault retransmit-unbudgeted: kept messages bounded by count only,

@@ -273,7 +273,9 @@ const (
 	// server keep 256 full messages for each of its subscriptions.
 	FaultRetransmitUnbudgeted Fault = "retransmit-unbudgeted"
 	// FaultSubscriptionsUnbounded drops the server-wide subscription
-	// limit and the 10 ms minimum publishing interval: subscriptions are
+	// limit, the server-wide publishing rate (publishing cycles per
+	// second of all subscriptions) and the 10 ms minimum publishing
+	// interval: subscriptions are
 	// bounded only per session (1000 each) and may publish every
 	// millisecond, so many sessions hold as many subscriptions, and their
 	// loops' wake-ups, as they like.

@@ -69,6 +69,7 @@ var exhaustCatches = []catalog.Fault{
 	catalog.FaultOnceActivatedSpared, catalog.FaultAnonymousFullRefuses, catalog.FaultGuessesAcrossAddresses,
 	catalog.FaultClaimedURITrusted,
 	catalog.FaultResponsesUnbudgeted, catalog.FaultParkedPublishWhole,
+	catalog.FaultRetransmitUnbudgeted, catalog.FaultSubscriptionsUnbounded,
 }
 
 // floodSessions is the session table the session floods go past: the

@@ -225,6 +225,13 @@ func (s *Session) CreateSubscription(r *ua.CreateSubscriptionRequest) ua.Respons
 		return m.Fault(r, ua.StatusBadTooManySubscriptions)
 	}
 	iv, lifetime, keepAlive := s.revise(r.RequestedPublishingInterval, r.RequestedLifetimeCount, r.RequestedMaxKeepAliveCount)
+	if !m.reserveRate(rateCost(iv)) {
+		m.subs.Add(-1)
+		if m.tooManySubs.Add(1)%1000 == 1 {
+			m.log.Info("subscription refused: server-wide publishing rate", "interval", iv, "limit_per_s", m.opts.MaxPublishRate, "refused", m.tooManySubs.Load())
+		}
+		return m.Fault(r, ua.StatusBadTooManySubscriptions)
+	}
 	id := m.nextSubID.Add(1)
 	ctx, cancel := context.WithCancel(m.ctx)
 	sub := &Subscription{
@@ -266,6 +273,13 @@ func (s *Session) ModifySubscription(r *ua.ModifySubscriptionRequest) ua.Respons
 	m := s.m
 	return s.onSub(r, r.SubscriptionID, func(sub *Subscription) ua.Response {
 		iv, lifetime, keepAlive := s.revise(r.RequestedPublishingInterval, r.RequestedLifetimeCount, r.RequestedMaxKeepAliveCount)
+		if old, cost := rateCost(sub.interval), rateCost(iv); cost > old && !m.reserveRate(cost-old) {
+			// over the server's publishing rate: the interval it had
+			iv = sub.interval
+			lifetime, keepAlive = m.opts.ReviseCounts(iv, r.RequestedLifetimeCount, r.RequestedMaxKeepAliveCount)
+		} else if cost < old {
+			m.rate.Add(cost - old)
+		}
 		changed := iv != sub.interval
 		sub.interval, sub.lifetime, sub.keepAlive = iv, lifetime, keepAlive
 		sub.maxNotif, sub.priority = r.MaxNotificationsPerPublish, r.Priority
@@ -321,6 +335,7 @@ func (s *Session) deleteLocked(sub *Subscription) {
 	}
 	s.releaseItemsLocked(sub.list)
 	s.m.subs.Add(-1)
+	s.m.rate.Add(-rateCost(sub.interval))
 	s.releaseRetransLocked(sub, len(sub.retrans))
 	sub.items, sub.list, sub.retrans, sub.retransCost = nil, nil, nil, nil
 	s.m.log.Debug("subscription deleted", "subscription", sub.id)
