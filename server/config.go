@@ -241,6 +241,12 @@ type Config struct {
 	// (DefaultMaxSubscriptions; each session may have at most 1000):
 	// CreateSubscription beyond it is answered BadTooManySubscriptions.
 	MaxSubscriptions int
+	// MaxPublishRate bounds the publishing cycles per second of all
+	// subscriptions together (subscription.DefaultMaxPublishRate,
+	// 100 000: 1000 subscriptions at 10 ms): each cycle wakes the
+	// subscription's loop. CreateSubscription that would go past it is
+	// answered BadTooManySubscriptions.
+	MaxPublishRate float64
 	// MinPublishingInterval is the fastest publishing interval granted
 	// (DefaultMinPublishingInterval); requests below it are revised up
 	// to it. Sampling intervals are separate (1 ms at the fastest).

@@ -249,3 +249,68 @@ func TestSubscriptionsServerWide(t *testing.T) {
 		})
 	}
 }
+
+// TestPublishRateServerWide: subscriptions asked for at 1 ms on a server
+// whose publishing rate is 1000 cycles a second, beside two at 1 s (1 a
+// second each). Protected, 9 are granted at the 10 ms minimum (100 cycles a
+// second each), the rest answered BadTooManySubscriptions, and a
+// ModifySubscription of a 1 s one to 10 ms, which would go past the rate,
+// keeps the interval it had. Under subscriptions-unbounded all 20 are
+// granted at 1 ms.
+func TestPublishRateServerWide(t *testing.T) {
+	for _, fault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("subscriptions-unbounded=%v", fault), func(t *testing.T) {
+			cfg := Config{MaxPublishRate: 1000}
+			if fault {
+				cfg.Faults = Faults{catalog.FaultSubscriptionsUnbounded: true}
+			}
+			ts := runServer(t, cfg)
+			c := rawSessionChannel(t, ts.addr)
+			create := func(ms float64) (uint32, ua.StatusCode) {
+				r, err := c.Call(&ua.CreateSubscriptionRequest{RequestedPublishingInterval: ms, RequestedLifetimeCount: 10_000,
+					RequestedMaxKeepAliveCount: 1000, PublishingEnabled: true})
+				if err != nil {
+					t.Fatalf("CreateSubscription: %v", err)
+				}
+				if cs, ok := r.Value.(*ua.CreateSubscriptionResponse); ok {
+					return cs.SubscriptionID, ua.StatusOK
+				}
+				return 0, r.Status()
+			}
+			// two at 1 s first (1 cycle a second each)
+			var slow uint32
+			for range 2 {
+				sid, st := create(1000)
+				if st != ua.StatusOK {
+					t.Fatalf("CreateSubscription at 1 s: %v", st)
+				}
+				slow = sid
+			}
+			granted := 0
+			for range 20 {
+				if _, st := create(1); st == ua.StatusOK {
+					granted++
+				} else if st != ua.StatusBadTooManySubscriptions {
+					t.Fatalf("CreateSubscription answered %v", st)
+				}
+			}
+			t.Logf("%d of 20 granted at 1 ms asked (publishing rate limit 1000 a second)", granted)
+			if fault {
+				if granted != 20 {
+					t.Errorf("subscriptions-unbounded: %d of 20 granted: want all", granted)
+				}
+				return
+			}
+			if granted != 9 {
+				t.Fatalf("%d granted: want 9 (2 + 9 × 100 cycles a second within 1000)", granted)
+			}
+			r, err := c.Call(&ua.ModifySubscriptionRequest{SubscriptionID: slow, RequestedPublishingInterval: 10, RequestedLifetimeCount: 10_000, RequestedMaxKeepAliveCount: 1000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m, ok := r.Value.(*ua.ModifySubscriptionResponse); !ok || m.RevisedPublishingInterval != 1000 {
+				t.Errorf("ModifySubscription to 10 ms over the rate: %v, want the 1000 ms it had", r.Value)
+			}
+		})
+	}
+}

@@ -61,6 +61,7 @@ func (s *Server) newSubscriptions() {
 		MaxItemsTotal:      s.cfg.MaxMonitoredItems,
 
 		MaxSubscriptionsTotal: s.cfg.MaxSubscriptions,
+		MaxPublishRate:        s.cfg.MaxPublishRate,
 		MinPublishingInterval: s.cfg.MinPublishingInterval,
 	}
 	if s.cfg.Faults.Has(catalog.FaultSubscriptionsUnbounded) {
