@@ -16,6 +16,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/channel"
+	"github.com/opcua-chaos/opcua-chaos/server/internal/subscription"
 )
 
 // Default values of Config.
@@ -92,6 +93,12 @@ const (
 	// second decrypted for the user secrets of addresses with failed
 	// logins (about a quarter of a core), at most twice it at once.
 	DefaultSecretOpsPerSecond = 200
+	// DefaultMaxSubscriptions bounds live subscriptions of all sessions
+	// (10 000); each session may have at most 1000.
+	DefaultMaxSubscriptions = subscription.DefaultMaxSubscriptionsTotal
+	// DefaultMinPublishingInterval is the fastest publishing interval
+	// granted (10 ms): every subscription's loop wakes once an interval.
+	DefaultMinPublishingInterval = 10 * time.Millisecond
 )
 
 // Parameters of the fault switches.
@@ -249,6 +256,20 @@ type Config struct {
 	// subscription.DefaultMaxItemsPerCall, DefaultMaxItemsPerSession,
 	// DefaultMaxItemsTotal (10000, 20000, 100000).
 	MaxMonitoredItemsPerCall, MaxMonitoredItemsPerSession, MaxMonitoredItems int
+	// MaxSubscriptions bounds live subscriptions of all sessions
+	// (DefaultMaxSubscriptions; each session may have at most 1000):
+	// CreateSubscription beyond it is answered BadTooManySubscriptions.
+	MaxSubscriptions int
+	// MaxPublishRate bounds the publishing cycles per second of all
+	// subscriptions together (subscription.DefaultMaxPublishRate,
+	// 100 000: 1000 subscriptions at 10 ms): each cycle wakes the
+	// subscription's loop. CreateSubscription that would go past it is
+	// answered BadTooManySubscriptions.
+	MaxPublishRate float64
+	// MinPublishingInterval is the fastest publishing interval granted
+	// (DefaultMinPublishingInterval); requests below it are revised up
+	// to it. Sampling intervals are separate (1 ms at the fastest).
+	MinPublishingInterval time.Duration
 	// Counters is the number of SampledCounter.<i> and FastCounter.<i>
 	// nodes (subscription.DefaultCounters, 4096).
 	Counters int
@@ -301,9 +322,9 @@ type Config struct {
 	// MemoryBudget is the byte budget of memory hostile peers can make the
 	// server hold (budget.DefaultLimit, 256 MiB): unfinished chunks of all
 	// channels, queued requests by size, held logins, monitored-item
-	// queues, per-session strings and responses waiting to be sent, each
-	// class within a share of it
-	// (see package budget). A request that does not fit is refused with a
+	// queues, per-session strings, responses waiting to be sent, parked
+	// Publish requests and retransmission queues, each class within a
+	// share of it (see package budget). A request that does not fit is refused with a
 	// status, never held.
 	MemoryBudget int64
 	// IdleTimeout closes a secure channel on which no session was
@@ -388,6 +409,16 @@ type Config struct {
 	Security SecurityModes
 	// Logger receives the server's log; nil means slog.Default().
 	Logger *slog.Logger
+
+	// unthrottledSigning and unbudgetedSecrets undo the per-address
+	// budget of CreateSession signatures and the server-wide budget of
+	// user-secret decryption, for the in-process tests that show each
+	// holds. They are not fault switches: a signature costs about 1 ms,
+	// far under what the amplification checks allow, and the suites
+	// reach the server from two peer addresses, each held by its own
+	// throttle, so black-box neither is told from the protected server
+	// (catalog.AllFaults lists only what the suites are shown to catch).
+	unthrottledSigning, unbudgetedSecrets bool
 }
 
 // LoadConfig builds a Config from command line args (without the program
@@ -505,6 +536,7 @@ func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 		{"OPCUA_MAX_MONITORED_ITEMS_PER_CALL", &cfg.MaxMonitoredItemsPerCall},
 		{"OPCUA_MAX_MONITORED_ITEMS_PER_SESSION", &cfg.MaxMonitoredItemsPerSession},
 		{"OPCUA_MAX_MONITORED_ITEMS", &cfg.MaxMonitoredItems},
+		{"OPCUA_MAX_SUBSCRIPTIONS", &cfg.MaxSubscriptions},
 		{"OPCUA_LOGIN_FREE_FAILURES", &cfg.LoginFreeFailures},
 		{"OPCUA_MAX_HELD_LOGINS", &cfg.MaxHeldLoginsPerPeer},
 		{"OPCUA_MAX_SECRET_BLOCKS", &cfg.MaxSecretBlocks},

@@ -171,16 +171,16 @@ func TestOPNPerPeerBudget(t *testing.T) {
 // 10 RSA operations per peer address (1 a second), 20 CreateSession
 // calls are signed until the budget (which the channel's
 // OpenSecureChannel and the client's own session used too) is spent, the
-// rest refused BadTooManyOperations unsigned; under the fault
-// session-signing-unthrottled all 20 are signed.
+// rest refused BadTooManyOperations unsigned; with the budget undone
+// (Config.unthrottledSigning) all 20 are signed.
 func TestCreateSessionSigningBudget(t *testing.T) {
 	const calls = 20
 	key, cert := clientCredentials(t, testClientURI)
 	sc := secureClient{policy: ua.SecurityPolicyURIBasic256Sha256, mode: ua.MessageSecurityModeSignAndEncrypt, key: key, cert: cert}
 	for _, fault := range []bool{false, true} {
-		t.Run(map[bool]string{false: "protected", true: string(catalog.FaultSessionSigningUnthrottled)}[fault], func(t *testing.T) {
+		t.Run(map[bool]string{false: "protected", true: "unthrottled"}[fault], func(t *testing.T) {
 			ts := runServer(t, Config{RSAOpsPerPeer: 1, RSABurstPerPeer: 10, MaxSessions: 100, MaxUnactivatedSessions: 50,
-				Faults: Faults{catalog.FaultSessionSigningUnthrottled: fault}})
+				unthrottledSigning: fault})
 			c := connect(t, ts.endpoint, sc.options(t, ts.endpoint, ua.UserTokenTypeAnonymous)...)
 			signed, refused := 0, 0
 			for range calls {
@@ -216,14 +216,14 @@ func TestCreateSessionSigningBudget(t *testing.T) {
 // from the server-wide budget of 16 blocks a second (32 at once), and the
 // rest are refused BadTooManyOperations undecrypted (Counter.SecretsRefused),
 // however many addresses there are; alice, from an address without
-// failed logins, logs in at once. Under the fault secrets-unbudgeted every
-// secret is decrypted.
+// failed logins, logs in at once. With the budget undone
+// (Config.unbudgetedSecrets) every secret is decrypted.
 func TestSecretDecryptionBudget(t *testing.T) {
 	const addrs, tries, blocks = 8, 10, 16
 	for _, fault := range []bool{false, true} {
-		t.Run(map[bool]string{false: "protected", true: string(catalog.FaultSecretsUnbudgeted)}[fault], func(t *testing.T) {
+		t.Run(map[bool]string{false: "protected", true: "unbudgeted"}[fault], func(t *testing.T) {
 			ts := runServer(t, Config{Users: map[string]string{"alice": "secret"}, LoginDelay: time.Millisecond, LoginDelayMax: 10 * time.Millisecond,
-				LoginFreeFailures: 3, SecretOpsPerSecond: 16, Faults: Faults{catalog.FaultSecretsUnbudgeted: fault}})
+				LoginFreeFailures: 3, SecretOpsPerSecond: 16, unbudgetedSecrets: fault})
 			keyLen := ts.creds.key.Size()
 			var mu sync.Mutex
 			decrypted, refused := 0, 0

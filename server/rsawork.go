@@ -103,10 +103,10 @@ func (s *Server) takeRSA(ip string, n int, what string) bool {
 // logins or more, and reports whether it may be decrypted. Other tokens,
 // addresses without failed logins and secrets over MaxSecretBlocks (refused
 // undecrypted anyway) cost nothing. A refusal is counted
-// (Counter.SecretsRefused). Fault secrets-unbudgeted: every secret may be
-// decrypted.
+// (Counter.SecretsRefused). With Config.unbudgetedSecrets every secret may
+// be decrypted.
 func (s *Server) payForSecret(ip string, eo *ua.ExtensionObject, now time.Time) bool {
-	if s.cfg.Faults.Has(catalog.FaultSecretsUnbudgeted) || eo == nil {
+	if s.cfg.unbudgetedSecrets || eo == nil {
 		return true
 	}
 	t, ok := eo.Value.(*ua.UserNameIdentityToken)

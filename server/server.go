@@ -183,6 +183,8 @@ func New(cfg Config) (*Server, error) {
 	fillDur(&cfg.LoginDelayMax, max(DefaultLoginDelayMax, cfg.LoginDelay))
 	fillDur(&cfg.ShutdownTimeout, DefaultShutdownTimeout)
 	fillDur(&cfg.IdleTimeout, DefaultIdleTimeout)
+	fillDur(&cfg.MinPublishingInterval, DefaultMinPublishingInterval)
+	fill(&cfg.MaxSubscriptions, DefaultMaxSubscriptions)
 	fillDur(&cfg.WriteTimeout, DefaultWriteTimeout)
 	if cfg.MaxUnsentPerChannel <= 0 {
 		cfg.MaxUnsentPerChannel = DefaultMaxUnsent

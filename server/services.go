@@ -273,9 +273,9 @@ func (s *Server) createSession(cn *conn, r *ua.CreateSessionRequest, now time.Ti
 			return s.fault(r, ua.StatusBadNonceInvalid)
 		}
 		// A private-key operation, paid from the peer's budget of RSA
-		// work (rsaWork). (Fault session-signing-unthrottled: signed for
-		// anyone, as often as asked.)
-		if !s.cfg.Faults.Has(catalog.FaultSessionSigningUnthrottled) && !s.takeRSA(cn.remoteIP, 1, "CreateSession") {
+		// work (rsaWork). (Config.unthrottledSigning: signed for anyone, as
+		// often as asked.)
+		if !s.cfg.unthrottledSigning && !s.takeRSA(cn.remoteIP, 1, "CreateSession") {
 			return s.fault(r, ua.StatusBadTooManyOperations)
 		}
 		// Over the channel's client certificate and the client nonce.

@@ -177,8 +177,8 @@ func TestSubscriptionServicesOverTheWire(t *testing.T) {
 		t.Fatal(err)
 	}
 	cs := r.(*ua.CreateSubscriptionResponse)
-	if cs.RevisedPublishingInterval != 1 {
-		t.Errorf("revised publishing interval %v, want 1", cs.RevisedPublishingInterval)
+	if want := float64(DefaultMinPublishingInterval / time.Millisecond); cs.RevisedPublishingInterval != want {
+		t.Errorf("revised publishing interval %v, want %v (the minimum)", cs.RevisedPublishingInterval, want)
 	}
 	if _, err := sendSvc(t, c, &ua.ModifySubscriptionRequest{SubscriptionID: cs.SubscriptionID, RequestedPublishingInterval: 20}); err != nil {
 		t.Fatal(err)

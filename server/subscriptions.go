@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"math"
 	"strings"
 	"time"
 
@@ -59,8 +60,22 @@ func (s *Server) newSubscriptions() {
 		MaxItemsPerSession: s.cfg.MaxMonitoredItemsPerSession,
 		MaxItemsTotal:      s.cfg.MaxMonitoredItems,
 
-		ItemCost: s.itemCost(),
+		ItemCost:              s.itemCost(),
+		MaxSubscriptionsTotal: s.cfg.MaxSubscriptions,
+		MaxPublishRate:        s.cfg.MaxPublishRate,
+		MinPublishingInterval: s.cfg.MinPublishingInterval,
 	}
+	if s.cfg.Faults.Has(catalog.FaultSubscriptionsUnbounded) {
+		// Fault subscriptions-unbounded: only the per-session limit,
+		// no server-wide publishing rate, publishing every millisecond
+		// allowed.
+		opts.MaxSubscriptionsTotal = math.MaxInt
+		opts.MaxPublishRate = -1
+		opts.MinPublishingInterval = time.Millisecond
+	}
+	// Fault retransmit-unbudgeted: kept messages bounded by count only,
+	// charged nowhere.
+	opts.RetransmitUnbudgeted = s.cfg.Faults.Has(catalog.FaultRetransmitUnbudgeted)
 	opts.Budget = s.budget // nil under no-byte-budget: queues are bounded by count only
 	// Fault parked-publish-whole: a parked Publish keeps its whole
 	// request, charged nowhere.

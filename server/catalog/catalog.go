@@ -282,17 +282,19 @@ const (
 	// OpenSecureChannel. A 65 KB OPN costs about 0.2 s of CPU each time
 	// it is replayed.
 	FaultOPNBlocksUnbounded Fault = "opn-blocks-unbounded"
-	// FaultSessionSigningUnthrottled signs every CreateSession on a
-	// secured channel (an RSA private-key operation) for anyone, as often
-	// as they ask: no per-address budget of RSA work for CreateSession.
-	FaultSessionSigningUnthrottled Fault = "session-signing-unthrottled"
-	// FaultSecretsUnbudgeted decrypts the user secret (up to
-	// MaxSecretBlocks RSA blocks) of every ActivateSession the login
-	// throttle lets through, from however many addresses: no
-	// server-wide budget of decryption for the addresses with failed
-	// logins, so guessers at many addresses, each within its own
-	// throttle, keep the cores decrypting together.
-	FaultSecretsUnbudgeted Fault = "secrets-unbudgeted"
+	// FaultRetransmitUnbudgeted keeps the notification messages of a
+	// retransmission queue by count only (256 a subscription) and
+	// charges them nowhere: a client that never acknowledges makes the
+	// server keep 256 full messages for each of its subscriptions.
+	FaultRetransmitUnbudgeted Fault = "retransmit-unbudgeted"
+	// FaultSubscriptionsUnbounded drops the server-wide subscription
+	// limit, the server-wide publishing rate (publishing cycles per
+	// second of all subscriptions) and the 10 ms minimum publishing
+	// interval: subscriptions are
+	// bounded only per session (1000 each) and may publish every
+	// millisecond, so many sessions hold as many subscriptions, and their
+	// loops' wake-ups, as they like.
+	FaultSubscriptionsUnbounded Fault = "subscriptions-unbounded"
 )
 
 // AllFaults lists every fault switch.
@@ -315,7 +317,8 @@ var AllFaults = []Fault{
 	FaultOnceActivatedSpared, FaultAnonymousFullRefuses, FaultGuessesAcrossAddresses,
 	FaultClaimedURITrusted,
 	FaultResponsesUnbudgeted, FaultParkedPublishWhole,
-	FaultLongNodeIDsKept, FaultOPNBlocksUnbounded, FaultSessionSigningUnthrottled, FaultSecretsUnbudgeted,
+	FaultLongNodeIDsKept, FaultOPNBlocksUnbounded,
+	FaultRetransmitUnbudgeted, FaultSubscriptionsUnbounded,
 }
 
 // MinSoak returns the shortest soak (the suites' SOAK setting) in which

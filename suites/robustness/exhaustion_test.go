@@ -79,7 +79,8 @@ var exhaustCatches = []catalog.Fault{
 	catalog.FaultOnceActivatedSpared, catalog.FaultAnonymousFullRefuses, catalog.FaultGuessesAcrossAddresses,
 	catalog.FaultClaimedURITrusted,
 	catalog.FaultResponsesUnbudgeted, catalog.FaultParkedPublishWhole,
-	catalog.FaultLongNodeIDsKept, catalog.FaultOPNBlocksUnbounded, catalog.FaultSessionSigningUnthrottled,
+	catalog.FaultLongNodeIDsKept, catalog.FaultOPNBlocksUnbounded,
+	catalog.FaultRetransmitUnbudgeted, catalog.FaultSubscriptionsUnbounded,
 }
 
 // floodSessions is the session table the session floods go past: the

@@ -2,7 +2,7 @@
 // shared by the classes of memory an unauthenticated or anonymous peer can
 // make the server hold (unfinished chunks, queued requests, held logins,
 // monitored-item queues, per-session strings, responses waiting to be
-// sent, parked Publish requests). Each class may use at most a
+// sent, parked Publish requests, retransmission queues). Each class may use at most a
 // share of the limit, so one kind of flood cannot take the memory the others
 // need, and all classes together at most the limit.
 //
@@ -38,12 +38,16 @@ const (
 	// Publish are parked Publish requests: what each keeps to answer
 	// (its acknowledgement results) (1/16).
 	Publish
+	// Retransmit are the notification messages subscriptions keep for
+	// Republish until they are acknowledged, by an estimate of what each
+	// holds (1/8).
+	Retransmit
 	numClasses
 )
 
 var (
-	names  = [numClasses]string{"chunks", "queue", "logins", "items", "sessions", "responses", "publish"}
-	shares = [numClasses]int64{4, 2, 16, 2, 16, 2, 16} // limit / share
+	names  = [numClasses]string{"chunks", "queue", "logins", "items", "sessions", "responses", "publish", "retransmit"}
+	shares = [numClasses]int64{4, 2, 16, 2, 16, 2, 16, 8} // limit / share
 )
 
 // String names the class.

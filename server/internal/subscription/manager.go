@@ -50,11 +50,21 @@ const (
 	// DefaultValueSize estimates the bytes one queued value holds: a
 	// DataValue of a scalar Variant with both timestamps, its boxed value
 	// and its ring slot (176 bytes measured for an Int64), rounded up.
-	DefaultValueSize            = 192
-	DefaultMaxResponseBytes     = 0xffff // gopcua's receive buffer: one chunk
-	DefaultMaxPublishRequests   = 100
-	DefaultMaxRetransmit        = 256
-	DefaultMaxSubscriptions     = 1000
+	DefaultValueSize          = 192
+	DefaultMaxResponseBytes   = 0xffff // gopcua's receive buffer: one chunk
+	DefaultMaxPublishRequests = 100
+	DefaultMaxRetransmit      = 256
+	DefaultMaxSubscriptions   = 1000
+	// DefaultMaxSubscriptionsTotal bounds live subscriptions of all
+	// sessions: each costs its publishing loop (a goroutine, a timer)
+	// and its state, about 5 KB, and a wake-up every publishing
+	// interval.
+	DefaultMaxSubscriptionsTotal = 10_000
+	// DefaultMaxPublishRate bounds the publishing cycles per second of
+	// all subscriptions together (100 000: 1000 subscriptions at 10 ms,
+	// 10 000 at 100 ms): each cycle wakes a subscription's loop, a few
+	// microseconds of CPU.
+	DefaultMaxPublishRate       = 100_000
 	DefaultMaxItems             = 100_000
 	DefaultMaxItemsPerCall      = 10_000
 	DefaultMaxItemsPerSession   = 20_000
@@ -100,6 +110,16 @@ type Options struct {
 	// that cannot grow in ModifyMonitoredItems keeps its size and gets
 	// the same). A transferred item keeps its charge.
 	Budget *budget.Budget
+	// RetransmitUnbudgeted is the retransmit-unbudgeted fault: the
+	// notification messages kept for Republish are bounded by count
+	// only (MaxRetransmit a subscription) and charged nowhere. Otherwise,
+	// with a Budget, each kept message is charged its estimated size
+	// (retransCost) to budget.Retransmit, and one session may hold at
+	// most 1/RetransmitSessionShare of that class: a message that does
+	// not fit drops its subscription's oldest kept messages first (a
+	// Republish of one answers BadMessageNotAvailable, Part 4 5.13.6),
+	// or is not kept at all.
+	RetransmitUnbudgeted bool
 	// ParkedKeepsRequest is the parked-publish-whole fault: a parked
 	// Publish keeps its whole decoded request (every acknowledgement)
 	// and is charged nowhere: parked Publishes are bounded by count only.
@@ -128,6 +148,17 @@ type Options struct {
 	MaxRetransmit int
 	// MaxSubscriptions bounds subscriptions per session (1000).
 	MaxSubscriptions int
+	// MaxSubscriptionsTotal bounds live subscriptions of all sessions
+	// (DefaultMaxSubscriptionsTotal): CreateSubscription beyond it is
+	// answered BadTooManySubscriptions.
+	MaxSubscriptionsTotal int
+	// MaxPublishRate bounds the publishing cycles per second of all
+	// subscriptions (DefaultMaxPublishRate; a subscription publishing
+	// every interval runs 1 s / interval of them): CreateSubscription
+	// that would go past it is answered BadTooManySubscriptions, and
+	// ModifySubscription to a shorter interval that would keeps the
+	// interval it had. Negative: no limit.
+	MaxPublishRate float64
 	// MaxItems bounds monitored items per subscription (100000).
 	MaxItems int
 	// MaxItemsPerCall bounds the items of one CreateMonitoredItems call
@@ -217,6 +248,10 @@ func (o *Options) fill() {
 	orDefault(&o.MaxPublishRequests, DefaultMaxPublishRequests)
 	orDefault(&o.MaxRetransmit, DefaultMaxRetransmit)
 	orDefault(&o.MaxSubscriptions, DefaultMaxSubscriptions)
+	orDefault(&o.MaxSubscriptionsTotal, DefaultMaxSubscriptionsTotal)
+	if o.MaxPublishRate == 0 {
+		o.MaxPublishRate = DefaultMaxPublishRate
+	}
 	orDefault(&o.MaxItems, DefaultMaxItems)
 	orDefault(&o.MaxItemsPerCall, DefaultMaxItemsPerCall)
 	orDefault(&o.MaxItemsPerSession, DefaultMaxItemsPerSession)
@@ -314,7 +349,13 @@ type Stats struct {
 	Dropped       int64 // Publish requests dropped by the publish-drop fault
 	TooMany       int64 // Publish requests answered BadTooManyPublishRequests
 	TimedOut      int64 // Publish requests answered BadTimeout
-	Sampling      GroupStats
+	// RetransDropped counts notification messages dropped from (or never
+	// kept in) a retransmission queue for its byte budget.
+	RetransDropped int64
+	// TooManySubs counts CreateSubscription calls refused at
+	// MaxSubscriptionsTotal.
+	TooManySubs int64
+	Sampling    GroupStats
 }
 
 // Manager holds the subscription state of every session of a server.
@@ -338,7 +379,11 @@ type Manager struct {
 
 	created, expired, messages, keepAlives, notifications atomic.Int64
 	republished, dropped, tooMany, timedOut               atomic.Int64
-	subs, items, itemsDeleted                             atomic.Int64
+	retransDropped, tooManySubs                           atomic.Int64
+	// rate is the publishing cycles per second of all live
+	// subscriptions, in thousandths (rateCost).
+	rate                      atomic.Int64
+	subs, items, itemsDeleted atomic.Int64
 }
 
 // New returns a manager whose loops run until ctx ends or Close is called.
@@ -424,20 +469,22 @@ func (m *Manager) Stats() Stats {
 	m.mu.Unlock()
 	_, sampling := m.sampler.Stats()
 	return Stats{
-		Sessions:      n,
-		Subscriptions: int(m.subs.Load()),
-		Items:         int(m.items.Load()),
-		ItemsDeleted:  m.itemsDeleted.Load(),
-		Created:       m.created.Load(),
-		Expired:       m.expired.Load(),
-		Messages:      m.messages.Load(),
-		KeepAlives:    m.keepAlives.Load(),
-		Notifications: m.notifications.Load(),
-		Republished:   m.republished.Load(),
-		Dropped:       m.dropped.Load(),
-		TooMany:       m.tooMany.Load(),
-		TimedOut:      m.timedOut.Load(),
-		Sampling:      sampling,
+		Sessions:       n,
+		Subscriptions:  int(m.subs.Load()),
+		Items:          int(m.items.Load()),
+		ItemsDeleted:   m.itemsDeleted.Load(),
+		Created:        m.created.Load(),
+		Expired:        m.expired.Load(),
+		Messages:       m.messages.Load(),
+		KeepAlives:     m.keepAlives.Load(),
+		Notifications:  m.notifications.Load(),
+		Republished:    m.republished.Load(),
+		Dropped:        m.dropped.Load(),
+		TooMany:        m.tooMany.Load(),
+		TimedOut:       m.timedOut.Load(),
+		RetransDropped: m.retransDropped.Load(),
+		TooManySubs:    m.tooManySubs.Load(),
+		Sampling:       sampling,
 	}
 }
 
@@ -483,6 +530,45 @@ func (m *Manager) reserveItem() bool {
 			return false
 		}
 		if m.items.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// reserveSub counts one more live subscription unless
+// MaxSubscriptionsTotal are live; it reports whether it did.
+func (m *Manager) reserveSub() bool {
+	for {
+		n := m.subs.Load()
+		if n >= int64(m.opts.MaxSubscriptionsTotal) {
+			return false
+		}
+		if m.subs.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// rateCost is what a subscription publishing every iv adds to the
+// manager's rate: its cycles per second, in thousandths (at least 1).
+func rateCost(iv time.Duration) int64 {
+	return max(int64(time.Second)*1000/int64(max(iv, 1)), 1)
+}
+
+// reserveRate adds n to the publishing rate unless that would go past
+// MaxPublishRate; it reports whether it did.
+func (m *Manager) reserveRate(n int64) bool {
+	if m.opts.MaxPublishRate < 0 {
+		m.rate.Add(n)
+		return true
+	}
+	limit := int64(m.opts.MaxPublishRate * 1000)
+	for {
+		cur := m.rate.Load()
+		if cur+n > limit {
+			return false
+		}
+		if m.rate.CompareAndSwap(cur, cur+n) {
 			return true
 		}
 	}

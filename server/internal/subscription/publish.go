@@ -132,7 +132,7 @@ func (s *Session) ackLocked(a *ua.SubscriptionAcknowledgement) ua.StatusCode {
 	if i < 0 {
 		return ua.StatusBadSequenceNumberUnknown
 	}
-	sub.retrans = slices.Delete(sub.retrans, i, i+1)
+	s.removeRetransLocked(sub, i)
 	return ua.StatusOK
 }
 
@@ -387,14 +387,7 @@ func (s *Session) sendDataLocked(sub *Subscription, now time.Duration) bool {
 			PublishTime:      m.clock.Wall(now),
 			NotificationData: []*ua.ExtensionObject{newDataChangeObject(notes)},
 		}
-		sub.retrans = append(sub.retrans, msg)
-		keep := m.opts.MaxRetransmit
-		if m.opts.RepublishForgets {
-			keep = 1 // fault republish-forgets: earlier messages are gone
-		}
-		if len(sub.retrans) > keep {
-			sub.retrans = slices.Delete(sub.retrans, 0, len(sub.retrans)-keep)
-		}
+		s.keepLocked(sub, msg)
 		more := sub.hasData()
 		p.call.Respond(&ua.PublishResponse{
 			ResponseHeader:           m.header(p.call.Request, ua.StatusOK),

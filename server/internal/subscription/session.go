@@ -56,7 +56,10 @@ type Session struct {
 	// request (at most maxStatuses, the oldest dropped).
 	statuses []*ua.PublishResponse
 	items    int // live monitored items, all subscriptions
-	closed   bool
+	// retransBytes is what the session's subscriptions' retransmission
+	// queues are charged (budget.Retransmit).
+	retransBytes int64
+	closed       bool
 }
 
 // maxStatuses bounds the status change messages a session keeps for
@@ -81,6 +84,8 @@ type Subscription struct {
 	enabled      bool
 	seq          uint32                    // next sequence number
 	retrans      []*ua.NotificationMessage // sent, unacknowledged, by sequence number
+	retransCost  []int64                   // each kept message's charge to budget.Retransmit (0: none)
+	retransBytes int64                     // their sum
 	keepAliveCtr uint32
 	lifetimeCtr  uint32
 	late         bool // a cycle had something to send but no request
@@ -213,7 +218,20 @@ func (s *Session) CreateSubscription(r *ua.CreateSubscriptionRequest) ua.Respons
 	if len(s.subs) >= m.opts.MaxSubscriptions {
 		return m.Fault(r, ua.StatusBadTooManySubscriptions)
 	}
+	if !m.reserveSub() {
+		if m.tooManySubs.Add(1)%1000 == 1 {
+			m.log.Info("subscription refused: server-wide limit", "limit", m.opts.MaxSubscriptionsTotal, "refused", m.tooManySubs.Load())
+		}
+		return m.Fault(r, ua.StatusBadTooManySubscriptions)
+	}
 	iv, lifetime, keepAlive := s.revise(r.RequestedPublishingInterval, r.RequestedLifetimeCount, r.RequestedMaxKeepAliveCount)
+	if !m.reserveRate(rateCost(iv)) {
+		m.subs.Add(-1)
+		if m.tooManySubs.Add(1)%1000 == 1 {
+			m.log.Info("subscription refused: server-wide publishing rate", "interval", iv, "limit_per_s", m.opts.MaxPublishRate, "refused", m.tooManySubs.Load())
+		}
+		return m.Fault(r, ua.StatusBadTooManySubscriptions)
+	}
 	id := m.nextSubID.Add(1)
 	ctx, cancel := context.WithCancel(m.ctx)
 	sub := &Subscription{
@@ -233,7 +251,6 @@ func (s *Session) CreateSubscription(r *ua.CreateSubscriptionRequest) ua.Respons
 	s.subs[id] = sub
 	s.order = append(s.order, sub)
 	m.created.Add(1)
-	m.subs.Add(1)
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -256,6 +273,13 @@ func (s *Session) ModifySubscription(r *ua.ModifySubscriptionRequest) ua.Respons
 	m := s.m
 	return s.onSub(r, r.SubscriptionID, func(sub *Subscription) ua.Response {
 		iv, lifetime, keepAlive := s.revise(r.RequestedPublishingInterval, r.RequestedLifetimeCount, r.RequestedMaxKeepAliveCount)
+		if old, cost := rateCost(sub.interval), rateCost(iv); cost > old && !m.reserveRate(cost-old) {
+			// over the server's publishing rate: the interval it had
+			iv = sub.interval
+			lifetime, keepAlive = m.opts.ReviseCounts(iv, r.RequestedLifetimeCount, r.RequestedMaxKeepAliveCount)
+		} else if cost < old {
+			m.rate.Add(cost - old)
+		}
 		changed := iv != sub.interval
 		sub.interval, sub.lifetime, sub.keepAlive = iv, lifetime, keepAlive
 		sub.maxNotif, sub.priority = r.MaxNotificationsPerPublish, r.Priority
@@ -311,7 +335,9 @@ func (s *Session) deleteLocked(sub *Subscription) {
 	}
 	s.releaseItemsLocked(sub.list)
 	s.m.subs.Add(-1)
-	sub.items, sub.list, sub.retrans = nil, nil, nil
+	s.m.rate.Add(-rateCost(sub.interval))
+	s.releaseRetransLocked(sub, len(sub.retrans))
+	sub.items, sub.list, sub.retrans, sub.retransCost = nil, nil, nil, nil
 	s.m.log.Debug("subscription deleted", "subscription", sub.id)
 }
 

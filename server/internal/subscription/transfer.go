@@ -76,6 +76,7 @@ func (m *Manager) Transfer(id uint32, from any, to *Session, sendInitial, dropIt
 		to.subs[id] = sub
 		to.order = append(to.order, sub)
 		to.items += len(sub.list)
+		to.moveRetransLocked(src, sub)
 		sub.sess = to
 		sub.lifetimeCtr = 0
 		ctx, cancel := context.WithCancel(m.ctx)
