@@ -5,8 +5,6 @@ import (
 	"time"
 
 	"github.com/gopcua/opcua/ua"
-
-	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 )
 
 // rsaWork is the server's budget of RSA private-key operations per peer
