@@ -1,106 +1,19 @@
 package server
 
 import (
-	"context"
 	"crypto/rand"
-	"crypto/rsa"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/gopcua/opcua"
-	"github.com/gopcua/opcua/id"
 	"github.com/gopcua/opcua/ua"
-	"github.com/gopcua/opcua/uacp"
 
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
-	"github.com/opcua-chaos/opcua-chaos/server/uasec"
 )
 
 // Tests of issue 44 item 8: CPU amplifiers of secured channels.
-
-// secureEndpoint returns endpoint's Basic256Sha256 SignAndEncrypt
-// endpoint description.
-func secureEndpoint(t *testing.T, endpoint string) *ua.EndpointDescription {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	eps, err := opcua.GetEndpoints(ctx, endpoint, opcua.SecurityMode(ua.MessageSecurityModeNone), opcua.SecurityPolicy(ua.SecurityPolicyURINone))
-	if err != nil {
-		t.Fatalf("get endpoints: %v", err)
-	}
-	ep, err := opcua.SelectEndpoint(eps, ua.SecurityPolicyURIBasic256Sha256, ua.MessageSecurityModeSignAndEncrypt)
-	if err != nil {
-		t.Fatalf("select endpoint: %v", err)
-	}
-	return ep
-}
-
-// sealedOPN is a well-formed OpenSecureChannel request to ep, signed and
-// encrypted with key and cert, whose request header carries an
-// AuditEntryId of audit bytes (0: a request of 2 blocks).
-func sealedOPN(t *testing.T, ep *ua.EndpointDescription, key *rsa.PrivateKey, cert []byte, audit int) []byte {
-	t.Helper()
-	asym, err := uasec.NewAsymmetric(ep.SecurityPolicyURI, ep.SecurityMode, key, cert, ep.ServerCertificate)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nonce, err := asym.MakeNonce()
-	if err != nil {
-		t.Fatal(err)
-	}
-	typeID, err := ua.Encode(ua.NewFourByteExpandedNodeID(0, id.OpenSecureChannelRequest_Encoding_DefaultBinary))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req, err := ua.Encode(&ua.OpenSecureChannelRequest{
-		RequestHeader: &ua.RequestHeader{AuthenticationToken: ua.NewTwoByteNodeID(0), Timestamp: time.Now(), RequestHandle: 1, TimeoutHint: 5000,
-			AuditEntryID: strings.Repeat("a", audit), AdditionalHeader: ua.NewExtensionObject(nil)},
-		RequestType: ua.SecurityTokenRequestTypeIssue, SecurityMode: ep.SecurityMode, ClientNonce: nonce, RequestedLifetime: 60000,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunk, err := asym.SealOPN(nil, 0, 1, 1, append(typeID, req...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return chunk
-}
-
-// sendOPN sends chunk on a fresh connection to endpoint and returns the
-// status of the server's answer (Good for an OPN response, the code of an
-// ERR message) and how long it took.
-func sendOPN(t *testing.T, endpoint string, chunk []byte) (ua.StatusCode, time.Duration) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	conn, err := (&uacp.Dialer{}).Dial(ctx, endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
-	start := time.Now()
-	if _, err := conn.Write(chunk); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := conn.Receive()
-	took := time.Since(start)
-	var e *uacp.Error
-	switch {
-	case errors.As(err, &e):
-		return ua.StatusCode(e.ErrorCode), took
-	case err != nil:
-		t.Fatalf("OpenSecureChannel answer: %v", err)
-	case string(resp[:3]) != "OPN":
-		t.Fatalf("OpenSecureChannel answered %q", resp[:3])
-	}
-	return ua.StatusOK, took
-}
 
 // TestOPNBlocksBounded: a well-formed, signed OpenSecureChannel request of
 // about 240 RSA blocks (60 KB) is refused with ERR BadSecurityChecksFailed

@@ -590,23 +590,11 @@ func TestQuirkTrustedCertsOnly(t *testing.T) {
 	connect(t, plain, sc.options(t, plain, ua.UserTokenTypeAnonymous)...)
 }
 
-// openSecuredRaw sends one OpenSecureChannel request of policy
-// Basic256Sha256 and mode SignAndEncrypt to endpoint, signed and
-// encrypted with key and cert, and returns the asymmetric security header
-// of the server's response (its ReceiverCertificateThumbprint names the
-// certificate the server sealed the response for).
-func openSecuredRaw(t *testing.T, endpoint string, key *rsa.PrivateKey, cert []byte) uasec.OPNHeader {
+// sealedOPN is a well-formed OpenSecureChannel request to ep, signed and
+// encrypted with key and cert, whose request header carries an
+// AuditEntryId of audit bytes (0: a request of 2 blocks).
+func sealedOPN(t *testing.T, ep *ua.EndpointDescription, key *rsa.PrivateKey, cert []byte, audit int) []byte {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	eps, err := opcua.GetEndpoints(ctx, endpoint, opcua.SecurityMode(ua.MessageSecurityModeNone), opcua.SecurityPolicy(ua.SecurityPolicyURINone))
-	if err != nil {
-		t.Fatalf("get endpoints: %v", err)
-	}
-	ep, err := opcua.SelectEndpoint(eps, ua.SecurityPolicyURIBasic256Sha256, ua.MessageSecurityModeSignAndEncrypt)
-	if err != nil {
-		t.Fatalf("select endpoint: %v", err)
-	}
 	asym, err := uasec.NewAsymmetric(ep.SecurityPolicyURI, ep.SecurityMode, key, cert, ep.ServerCertificate)
 	if err != nil {
 		t.Fatal(err)
@@ -620,8 +608,9 @@ func openSecuredRaw(t *testing.T, endpoint string, key *rsa.PrivateKey, cert []b
 		t.Fatal(err)
 	}
 	req, err := ua.Encode(&ua.OpenSecureChannelRequest{
-		RequestHeader: &ua.RequestHeader{AuthenticationToken: ua.NewTwoByteNodeID(0), Timestamp: time.Now(), RequestHandle: 1, TimeoutHint: 5000, AdditionalHeader: ua.NewExtensionObject(nil)},
-		RequestType:   ua.SecurityTokenRequestTypeIssue, SecurityMode: ep.SecurityMode, ClientNonce: nonce, RequestedLifetime: 60000,
+		RequestHeader: &ua.RequestHeader{AuthenticationToken: ua.NewTwoByteNodeID(0), Timestamp: time.Now(), RequestHandle: 1, TimeoutHint: 5000,
+			AuditEntryID: strings.Repeat("a", audit), AdditionalHeader: ua.NewExtensionObject(nil)},
+		RequestType: ua.SecurityTokenRequestTypeIssue, SecurityMode: ep.SecurityMode, ClientNonce: nonce, RequestedLifetime: 60000,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -630,16 +619,55 @@ func openSecuredRaw(t *testing.T, endpoint string, key *rsa.PrivateKey, cert []b
 	if err != nil {
 		t.Fatal(err)
 	}
+	return chunk
+}
+
+// sendOPN sends chunk on a fresh connection to endpoint and returns the
+// status of the server's answer (Good for an OPN response, the code of an
+// ERR message) and how long it took.
+func sendOPN(t *testing.T, endpoint string, chunk []byte) (ua.StatusCode, time.Duration) {
+	t.Helper()
+	resp, took, err := exchangeOPN(t, endpoint, chunk)
+	var e *uacp.Error
+	switch {
+	case errors.As(err, &e):
+		return ua.StatusCode(e.ErrorCode), took
+	case err != nil:
+		t.Fatalf("OpenSecureChannel answer: %v", err)
+	case string(resp[:3]) != "OPN":
+		t.Fatalf("OpenSecureChannel answered %q", resp[:3])
+	}
+	return ua.StatusOK, took
+}
+
+// exchangeOPN sends chunk on a fresh connection to endpoint and returns
+// the server's answer (an error for an ERR message) and how long it took.
+func exchangeOPN(t *testing.T, endpoint string, chunk []byte) ([]byte, time.Duration, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
 	conn, err := (&uacp.Dialer{}).Dial(ctx, endpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	start := time.Now()
 	if _, err := conn.Write(chunk); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := conn.Receive()
+	return resp, time.Since(start), err
+}
+
+// openSecuredRaw sends one OpenSecureChannel request of policy
+// Basic256Sha256 and mode SignAndEncrypt to endpoint, signed and
+// encrypted with key and cert, and returns the asymmetric security header
+// of the server's response (its ReceiverCertificateThumbprint names the
+// certificate the server sealed the response for).
+func openSecuredRaw(t *testing.T, endpoint string, key *rsa.PrivateKey, cert []byte) uasec.OPNHeader {
+	t.Helper()
+	resp, _, err := exchangeOPN(t, endpoint, sealedOPN(t, secureEndpoint(t, endpoint), key, cert, 0))
 	if err != nil {
 		t.Fatalf("OpenSecureChannel response: %v", err)
 	}

@@ -92,13 +92,27 @@ func dial(endpoint string, opts ...opcua.Option) (*opcua.Client, error) {
 // SecurityPolicy None, as a gopcua application does before it connects.
 func noneEndpoint(t *testing.T, endpoint string) *ua.EndpointDescription {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	return endpointOf(t, endpoint, ua.SecurityPolicyURINone, ua.MessageSecurityModeNone)
+}
+
+// secureEndpoint returns endpoint's Basic256Sha256 SignAndEncrypt
+// endpoint description.
+func secureEndpoint(t *testing.T, endpoint string) *ua.EndpointDescription {
+	t.Helper()
+	return endpointOf(t, endpoint, ua.SecurityPolicyURIBasic256Sha256, ua.MessageSecurityModeSignAndEncrypt)
+}
+
+// endpointOf asks the server for its endpoints (on a channel of
+// SecurityPolicy None) and returns the one of policy and mode.
+func endpointOf(t *testing.T, endpoint, policy string, mode ua.MessageSecurityMode) *ua.EndpointDescription {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	eps, err := opcua.GetEndpoints(ctx, endpoint, opcua.SecurityMode(ua.MessageSecurityModeNone), opcua.SecurityPolicy(ua.SecurityPolicyURINone))
 	if err != nil {
 		t.Fatalf("get endpoints: %v", err)
 	}
-	ep, err := opcua.SelectEndpoint(eps, ua.SecurityPolicyURINone, ua.MessageSecurityModeNone)
+	ep, err := opcua.SelectEndpoint(eps, policy, mode)
 	if err != nil {
 		t.Fatalf("select endpoint: %v", err)
 	}
