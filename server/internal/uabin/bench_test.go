@@ -39,3 +39,25 @@ func BenchmarkCheck(b *testing.B) {
 		}
 	})
 }
+
+// bigPublish is a Publish of n acknowledgements (250 000: about 2 MB,
+// the exhaustion catalogue's publish/parked-acks).
+func bigPublish(b testing.TB, n int) []byte {
+	req := &ua.PublishRequest{RequestHeader: header(), SubscriptionAcknowledgements: make([]*ua.SubscriptionAcknowledgement, n)}
+	for i := range n {
+		req.SubscriptionAcknowledgements[i] = &ua.SubscriptionAcknowledgement{SubscriptionID: uint32(i % 7), SequenceNumber: uint32(i)}
+	}
+	return encodeService(b, req)
+}
+
+// BenchmarkDecodePublish is the server's decode of a 2 MB Publish.
+func BenchmarkDecodePublish(b *testing.B) {
+	msg := bigPublish(b, 250_000)
+	d := NewDecoder(Limits{})
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := d.DecodeService(msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -715,6 +715,9 @@ func (d *Decoder) DecodeService(b []byte) (v any, err error) {
 		return nil, err
 	}
 	body := b[typeLen:]
+	if p, ok := v.(*ua.PublishRequest); ok {
+		return d.decodePublish(p, body)
+	}
 	if _, err := d.Check(body, reflect.TypeOf(v)); err != nil {
 		return nil, err
 	}
@@ -756,19 +759,25 @@ func (d *Decoder) DecodeRequestHeader(b []byte) (h *ua.RequestHeader, err error)
 	if err := c.expandedNodeID(); err != nil {
 		return nil, err
 	}
-	body := b[c.pos:]
-	t := reflect.TypeFor[*ua.RequestHeader]()
-	if _, err := d.Check(body, t); err != nil {
-		return nil, err
+	h, _, err = d.requestHeader(b[c.pos:])
+	return h, err
+}
+
+// requestHeader checks and decodes the RequestHeader at the start of body
+// and returns it with the bytes it took.
+func (d *Decoder) requestHeader(body []byte) (h *ua.RequestHeader, n int, err error) {
+	if _, err := d.Check(body, reflect.TypeFor[*ua.RequestHeader]()); err != nil {
+		return nil, 0, err
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			h, err = nil, fmt.Errorf("%w: %v: %w", ErrPanic, p, ua.StatusBadDecodingError)
+			h, n, err = nil, 0, fmt.Errorf("%w: %v: %w", ErrPanic, p, ua.StatusBadDecodingError)
 		}
 	}()
 	h = new(ua.RequestHeader)
-	if _, err := ua.Decode(body, h); err != nil {
-		return nil, fmt.Errorf("uabin: %v: %w", err, ua.StatusBadDecodingError)
+	n, err = ua.Decode(body, h)
+	if err != nil {
+		return nil, 0, fmt.Errorf("uabin: %v: %w", err, ua.StatusBadDecodingError)
 	}
-	return h, nil
+	return h, n, nil
 }
