@@ -53,6 +53,40 @@ func fastSubscription(t *testing.T, c *uawire.Conn, items int, sampling float64)
 	return cs.SubscriptionID
 }
 
+// TestRetransmitCountTrimNotDropped: a subscription's retransmission
+// queue beyond its count (subscription.DefaultMaxRetransmit messages)
+// loses its oldest, within a budget they all fit: those are not dropped
+// for the budget (Stats.RetransDropped stays 0).
+func TestRetransmitCountTrimNotDropped(t *testing.T) {
+	const publishes = subscription.DefaultMaxRetransmit + 60
+	ts := runServer(t, Config{MemoryBudget: 512 << 20})
+	c := rawChannel(t, ts.addr, uacp.Hello{})
+	if err := c.Session(nil); err != nil {
+		t.Fatalf("session: %v", err)
+	}
+	fastSubscription(t, c, 1, 10)
+	kept, data := 0, 0
+	for data < publishes {
+		r, err := c.Call(&ua.PublishRequest{})
+		if err != nil {
+			t.Fatalf("Publish: %v", err)
+		}
+		p, ok := r.Value.(*ua.PublishResponse)
+		if !ok {
+			t.Fatalf("Publish answered %v", r.Status())
+		}
+		if p.NotificationMessage != nil && len(p.NotificationMessage.NotificationData) > 0 {
+			data++
+			kept = len(p.AvailableSequenceNumbers)
+		}
+	}
+	st := ts.subs.Stats()
+	t.Logf("%d data messages, %d kept, %d dropped for the budget", data, kept, st.RetransDropped)
+	if kept != subscription.DefaultMaxRetransmit || st.RetransDropped != 0 {
+		t.Errorf("%d kept, %d counted dropped for the budget: want %d kept, none counted", kept, st.RetransDropped, subscription.DefaultMaxRetransmit)
+	}
+}
+
 // TestRetransmitBudgeted: one session, 4 subscriptions of 100 fast items
 // each, 400 Publishes never acknowledged. Protected (an 8 MiB budget:
 // retransmit class 1 MiB, a session's share 256 KiB), the kept messages

@@ -71,7 +71,8 @@ func (s *Session) keepLocked(sub *Subscription, msg *ua.NotificationMessage) {
 		keep = 1 // fault republish-forgets: earlier messages are gone
 	}
 	if n := len(sub.retrans) + 1 - keep; n > 0 {
-		s.dropOldestLocked(sub, n)
+		// beyond the count: not dropped for the budget, not counted
+		s.releaseRetransLocked(sub, n)
 	}
 	if !m.retransBudgeted() {
 		sub.retrans = append(sub.retrans, msg)
@@ -111,8 +112,9 @@ func (s *Session) logDropped(sub *Subscription, n int) {
 	}
 }
 
-// dropOldestLocked drops sub's n oldest kept messages, counted as
-// dropped when they are charged. s.mu held.
+// dropOldestLocked drops sub's n oldest kept messages for the byte
+// budget, counted as dropped (Stats.RetransDropped) when they are
+// charged. s.mu held.
 func (s *Session) dropOldestLocked(sub *Subscription, n int) {
 	n = min(n, len(sub.retrans))
 	for i := range n {
