@@ -53,6 +53,21 @@ func fastSubscription(t *testing.T, c *uawire.Conn, items int, sampling float64)
 	return cs.SubscriptionID
 }
 
+// publishData sends a Publish without acknowledgements and returns its
+// answer, and whether it carried notifications (not a keep-alive).
+func publishData(t *testing.T, c *uawire.Conn) (*ua.PublishResponse, bool) {
+	t.Helper()
+	r, err := c.Call(&ua.PublishRequest{})
+	if err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	p, ok := r.Value.(*ua.PublishResponse)
+	if !ok {
+		t.Fatalf("Publish answered %v", r.Status())
+	}
+	return p, p.NotificationMessage != nil && len(p.NotificationMessage.NotificationData) > 0
+}
+
 // TestRetransmitCountTrimNotDropped: a subscription's retransmission
 // queue beyond its count (subscription.DefaultMaxRetransmit messages)
 // loses its oldest, within a budget they all fit: those are not dropped
@@ -67,15 +82,7 @@ func TestRetransmitCountTrimNotDropped(t *testing.T) {
 	fastSubscription(t, c, 1, 10)
 	kept, data := 0, 0
 	for data < publishes {
-		r, err := c.Call(&ua.PublishRequest{})
-		if err != nil {
-			t.Fatalf("Publish: %v", err)
-		}
-		p, ok := r.Value.(*ua.PublishResponse)
-		if !ok {
-			t.Fatalf("Publish answered %v", r.Status())
-		}
-		if p.NotificationMessage != nil && len(p.NotificationMessage.NotificationData) > 0 {
+		if p, ok := publishData(t, c); ok {
 			data++
 			kept = len(p.AvailableSequenceNumbers)
 		}
@@ -122,15 +129,8 @@ func TestRetransmitBudgeted(t *testing.T) {
 			kept := map[uint32]int{} // subscription → messages available at its last answer
 			data := 0
 			for range publishes {
-				r, err := c.Call(&ua.PublishRequest{})
-				if err != nil {
-					t.Fatalf("Publish: %v", err)
-				}
-				p, ok := r.Value.(*ua.PublishResponse)
+				p, ok := publishData(t, c)
 				if !ok {
-					t.Fatalf("Publish answered %v", r.Status())
-				}
-				if p.NotificationMessage == nil || len(p.NotificationMessage.NotificationData) == 0 {
 					continue
 				}
 				data++
