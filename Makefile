@@ -5,13 +5,29 @@ SHELL := bash
 .DEFAULT_GOAL := help
 
 TARGET        ?= reference
-# The CI profile leaves out the soak specs and the rows labelled nightly
-# (the properties' rows under SignAndEncrypt but for backpressure's and
-# wakeups', which it breaks first); the nightly runs them all
-# (LABEL_FILTER='ci || soak'). Every row is labelled security:<mode>:
+# PROFILE names the specs make chaos runs (package profile):
+#   ci (default, what make test and CI run): the CI profile chosen by
+#     evidence (fixtures/profile/ci.json, label profile:ci): every property
+#     under every condition of the full profile at least once, and for
+#     every fault switch a spec shorter than a soak catches one that
+#     catches it (make profile regenerates it; make faults PROFILE=ci
+#     proves it);
+#   full: every spec but the soaks and the rows labelled nightly (the
+#     properties' rows under SignAndEncrypt but for backpressure's, smoke's
+#     and wakeups', which it breaks first).
+# The nightly runs them all (LABEL_FILTER='ci || soak'). LABEL_FILTER
+# replaces the profile's filter. Every row is labelled security:<mode>:
 # LABEL_FILTER='security:sign-encrypt && condition:baseline' runs every
 # property under SignAndEncrypt.
-LABEL_FILTER  ?= !soak && !nightly
+PROFILE       ?= ci
+ifeq ($(PROFILE),ci)
+PROFILE_FILTER := profile:ci
+else ifeq ($(PROFILE),full)
+PROFILE_FILTER := !soak && !nightly
+else
+$(error PROFILE=$(PROFILE) is not a profile (valid: ci, full))
+endif
+LABEL_FILTER  ?= $(PROFILE_FILTER)
 # FOCUS narrows the run, beside LABEL_FILTER, to the specs whose full text
 # matches the regular expression (Ginkgo's --focus); a row's reproduce
 # command sets it when its run had a focus.
@@ -76,7 +92,7 @@ SUITE_BINS = $$(for d in $(SUITE_DIRS); do echo $$d/$$(basename $$d).test; done)
 # died).
 SUITE_NAMES = $$(for d in $(SUITE_DIRS); do basename $$d; done)
 
-.PHONY: help ab capacity chaos test fmt-check vet unit fuzz images clean faults recheck merge specificity report $(CHAOS)
+.PHONY: help ab capacity chaos test fmt-check vet unit fuzz images clean faults profile recheck merge specificity report $(CHAOS)
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -146,6 +162,7 @@ images: $(CHAOS) ## build (or reuse) the server and toxiproxy images
 # Fails on any false alarm.
 N      ?= 5
 MATRIX ?=
+TIMES  ?=
 specificity: $(CHAOS) ## N clean runs judged together: false alarms, figure spreads (N, LABEL_FILTER, MATRIX)
 	@rc=0; for i in $$(seq 1 $(N)); do \
 		echo "specificity: run $$i of $(N)"; \
@@ -201,9 +218,29 @@ clean: $(CHAOS) ## remove containers, networks, images of ended runs of this pro
 
 # The fault matrix: the specs labelled fault:<name> run with no fault (one
 # control run), then with each fault on; FAULTS="a b" narrows it, SEED
-# replays it. Writes reports/faults-<time>.md and .json.
-faults: $(CHAOS) ## prove each server fault is caught: its specs pass without it, fail with it (FAULTS, SEED)
-	@$(CHAOS) faults $(if $(SEED),-seed $(SEED)) $(FAULTS)
+# replays it. PROFILE=ci, given on the command line or in the environment,
+# prints the CI profile and its coverage and runs only its specs (the
+# soak-only faults listed with the nightly's soak spec that catches
+# them); without it, or with PROFILE=full, every spec aimed at a fault
+# runs. Writes reports/faults-<time>.md and .json.
+faults: $(CHAOS) ## prove each server fault is caught: its specs pass without it, fail with it (FAULTS, SEED, PROFILE)
+	@$(CHAOS) faults $(if $(SEED),-seed $(SEED)) $(if $(filter command line environment,$(origin PROFILE)),-profile $(PROFILE)) $(FAULTS)
+
+# The CI profile (package profile): a dry run lists the suites' specs into
+# fixtures/profile/specs.json, the fault matrices MATRIX="reports/faults-….json …"
+# add their evidence to fixtures/profile/evidence.json, and the profile
+# fixtures/profile/ci.json is generated from the two; TIMES="reports/<run> …"
+# adds the run times of make chaos runs' specs (the shorter spec of a row
+# is preferred, and the profile's time estimated); commit the three.
+# go test ./fixtures/profile fails while ci.json is not what they generate;
+# a suite whose specs differ from specs.json fails a run that selects by
+# profile:ci, saying make profile.
+profile: $(CHAOS) ## regenerate the CI profile from a dry run of the suites and the evidence of fault matrices (MATRIX="a.json b.json", TIMES)
+	@ci/step.sh "compiling the suites" go tool ginkgo build -r ./suites/...
+	@rm -rf $(REPORTS)/profile-$(RUN) && mkdir -p $(REPORTS)/profile-$(RUN)
+	@OPCUA_CHAOS_REPORTS=$(abspath $(REPORTS)/profile-$(RUN)) OPCUA_CHAOS_RUN=dry-run go tool ginkgo --dry-run --no-color \
+		--output-dir $(REPORTS)/profile-$(RUN) --json-report report.json $(SUITE_BINS) > $(REPORTS)/profile-$(RUN)/ginkgo.log
+	@$(CHAOS) profile -specs $(REPORTS)/profile-$(RUN)/report.json $(if $(TIMES),-times '$(TIMES)') $(MATRIX)
 
 # `make quirks`: the baseline rows of every suite against the reference
 # server with each quirk (a conformant variation: catalog.AllQuirks) on,
