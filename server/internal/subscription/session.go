@@ -217,6 +217,9 @@ func (s *Session) revise(ms float64, lifetime, keepAlive uint32) (time.Duration,
 // CreateSubscription serves the CreateSubscription service.
 func (s *Session) CreateSubscription(r *ua.CreateSubscriptionRequest) ua.Response {
 	m := s.m
+	// the session's class, asked before s.mu is taken: Options.Anonymous
+	// may take the server session's own lock
+	anon := m.anonymous(s.key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -225,14 +228,9 @@ func (s *Session) CreateSubscription(r *ua.CreateSubscriptionRequest) ua.Respons
 	if len(s.subs) >= m.opts.MaxSubscriptions {
 		return m.Fault(r, ua.StatusBadTooManySubscriptions)
 	}
-	anon := m.anonymous(s.key)
-	class := "server-wide"
-	if anon {
-		class = "anonymous share"
-	}
 	if !m.reserveSub(anon) {
 		if m.tooManySubs.Add(1)%1000 == 1 {
-			m.log.Info("subscription refused: "+class+" of the subscription limit", "limit", m.opts.MaxSubscriptionsTotal,
+			m.log.Info("subscription refused: server-wide limit, or the anonymous share of it", "limit", m.opts.MaxSubscriptionsTotal,
 				"anonymous", anon, "anonymous_limit", m.anonSubLimit, "refused", m.tooManySubs.Load())
 		}
 		return m.Fault(r, ua.StatusBadTooManySubscriptions)
@@ -242,7 +240,7 @@ func (s *Session) CreateSubscription(r *ua.CreateSubscriptionRequest) ua.Respons
 	if !m.reserveRate(anon, cost) {
 		m.releaseSub(anon)
 		if m.tooManySubs.Add(1)%1000 == 1 {
-			m.log.Info("subscription refused: "+class+" of the publishing rate", "interval", iv, "limit_per_s", m.opts.MaxPublishRate,
+			m.log.Info("subscription refused: server-wide publishing rate, or the anonymous share of it", "interval", iv, "limit_per_s", m.opts.MaxPublishRate,
 				"anonymous", anon, "refused", m.tooManySubs.Load())
 		}
 		return m.Fault(r, ua.StatusBadTooManySubscriptions)
