@@ -96,6 +96,9 @@ const (
 	// DefaultMaxSubscriptions bounds live subscriptions of all sessions
 	// (10 000); each session may have at most 1000.
 	DefaultMaxSubscriptions = subscription.DefaultMaxSubscriptionsTotal
+	// DefaultAnonymousSubscriptionShare is the share of MaxSubscriptions
+	// and of MaxPublishRate anonymous sessions together may hold (½).
+	DefaultAnonymousSubscriptionShare = subscription.DefaultAnonymousShare
 	// DefaultMinPublishingInterval is the fastest publishing interval
 	// granted (10 ms): every subscription's loop wakes once an interval.
 	DefaultMinPublishingInterval = 10 * time.Millisecond
@@ -266,6 +269,16 @@ type Config struct {
 	// subscription's loop. CreateSubscription that would go past it is
 	// answered BadTooManySubscriptions.
 	MaxPublishRate float64
+	// AnonymousSubscriptionShare is the share of MaxSubscriptions and of
+	// MaxPublishRate that the subscriptions of anonymous sessions (no
+	// user identity at CreateSubscription) may hold together
+	// (DefaultAnonymousSubscriptionShare, ½; at most 1, which shares
+	// nothing): beyond it an anonymous CreateSubscription is answered
+	// BadTooManySubscriptions while user sessions still get theirs, so
+	// anonymous clients cannot take every subscription from the users. A
+	// subscription keeps the class it was charged to, also when it is
+	// transferred.
+	AnonymousSubscriptionShare float64
 	// MinPublishingInterval is the fastest publishing interval granted
 	// (DefaultMinPublishingInterval); requests below it are revised up
 	// to it. Sampling intervals are separate (1 ms at the fastest).
@@ -460,6 +473,8 @@ type Config struct {
 //	OPCUA_MAX_SECRET_BLOCKS           RSA blocks of an encrypted user secret (16)
 //	OPCUA_MAX_STRING_LENGTH           client strings a session keeps (4096)
 //	OPCUA_MAX_ANONYMOUS_SESSIONS      anonymous sessions (sessions/2)
+//	OPCUA_MAX_SUBSCRIPTIONS           live subscriptions, all sessions (10000)
+//	OPCUA_ANONYMOUS_SUBSCRIPTION_SHARE  share of them and of the publishing rate anonymous sessions may hold (0.5)
 //	OPCUA_SERVICE_TIME_NODES          "false" removes the Slow/Busy nodes
 //
 // Durations are Go durations ("10s", "250ms").
@@ -567,6 +582,13 @@ func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 		if *v.dst, err = duration(getenv(v.env), v.env); err != nil {
 			return cfg, err
 		}
+	}
+	if v := getenv("OPCUA_ANONYMOUS_SUBSCRIPTION_SHARE"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(f > 0 && f <= 1) {
+			return cfg, fmt.Errorf("OPCUA_ANONYMOUS_SUBSCRIPTION_SHARE: want a share above 0, at most 1, got %q", v)
+		}
+		cfg.AnonymousSubscriptionShare = f
 	}
 	if v := getenv("OPCUA_MEMORY_BUDGET"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)

@@ -176,8 +176,11 @@
 // subscriptions, the server Config.MaxSubscriptions (10 000) running at
 // most 100 000 publishing cycles a second together (1000 subscriptions at
 // 10 ms; beyond either, BadTooManySubscriptions), publishing no faster
-// than Config.MinPublishingInterval (10 ms). A subscription
-// without Publish requests for its lifetime count expires. Closing a
+// than Config.MinPublishingInterval (10 ms). Anonymous sessions together
+// hold at most Config.AnonymousSubscriptionShare (½) of the subscriptions
+// and of the publishing rate, so that a user who logs in still gets
+// subscriptions; a subscription keeps the class it was charged to. A
+// subscription without Publish requests for its lifetime count expires. Closing a
 // session deletes its subscriptions.
 //
 // A session outlives its secure channel (until its timeout): a client

@@ -219,7 +219,10 @@ func TestSubscriptionsServerWide(t *testing.T) {
 	)
 	for _, fault := range []bool{false, true} {
 		t.Run(fmt.Sprintf("subscriptions-unbounded=%v", fault), func(t *testing.T) {
-			cfg := Config{MaxSubscriptions: limit}
+			// anonymous sessions: without an anonymous share (1), the
+			// server-wide limit alone (TestAnonymousSubscriptionShare
+			// judges the share)
+			cfg := Config{MaxSubscriptions: limit, AnonymousSubscriptionShare: 1}
 			if fault {
 				cfg.Faults = Faults{catalog.FaultSubscriptionsUnbounded: true}
 			}
@@ -294,7 +297,9 @@ func TestSubscriptionsServerWide(t *testing.T) {
 func TestPublishRateServerWide(t *testing.T) {
 	for _, fault := range []bool{false, true} {
 		t.Run(fmt.Sprintf("subscriptions-unbounded=%v", fault), func(t *testing.T) {
-			cfg := Config{MaxPublishRate: 1000}
+			// an anonymous session: the server-wide rate alone (no
+			// anonymous share; TestAnonymousPublishRateShare judges it)
+			cfg := Config{MaxPublishRate: 1000, AnonymousSubscriptionShare: 1}
 			if fault {
 				cfg.Faults = Faults{catalog.FaultSubscriptionsUnbounded: true}
 			}

@@ -185,6 +185,9 @@ func New(cfg Config) (*Server, error) {
 	fillDur(&cfg.IdleTimeout, DefaultIdleTimeout)
 	fillDur(&cfg.MinPublishingInterval, DefaultMinPublishingInterval)
 	fill(&cfg.MaxSubscriptions, DefaultMaxSubscriptions)
+	if cfg.AnonymousSubscriptionShare <= 0 || cfg.AnonymousSubscriptionShare > 1 || math.IsNaN(cfg.AnonymousSubscriptionShare) {
+		cfg.AnonymousSubscriptionShare = DefaultAnonymousSubscriptionShare
+	}
 	fillDur(&cfg.WriteTimeout, DefaultWriteTimeout)
 	if cfg.MaxUnsentPerChannel <= 0 {
 		cfg.MaxUnsentPerChannel = DefaultMaxUnsent

@@ -64,6 +64,13 @@ func (s *Server) newSubscriptions() {
 		MaxSubscriptionsTotal: s.cfg.MaxSubscriptions,
 		MaxPublishRate:        s.cfg.MaxPublishRate,
 		MinPublishingInterval: s.cfg.MinPublishingInterval,
+		Anonymous:             anonymousSession,
+		AnonymousShare:        s.cfg.AnonymousSubscriptionShare,
+	}
+	if s.cfg.Faults.Has(catalog.FaultAnonymousSubscriptionsUnshared) {
+		// Fault anonymous-subscriptions-unshared: anonymous sessions
+		// may take every subscription and the whole publishing rate.
+		opts.AnonymousShare = 1
 	}
 	if s.cfg.Faults.Has(catalog.FaultSubscriptionsUnbounded) {
 		// Fault subscriptions-unbounded: only the per-session limit,
@@ -123,6 +130,18 @@ func transferAllowed(from, to *session.Session, secured, claimedURI bool) bool {
 		return false
 	}
 	return claimedURI || (from.ClientCertificate() != "" && from.ClientCertificate() == to.ClientCertificate())
+}
+
+// anonymousSession reports whether the session keyed key
+// (subscription.Options.Anonymous) has no user identity now, as
+// transferAllowed tells a user's session.
+func anonymousSession(key any) bool {
+	sess, ok := key.(*session.Session)
+	if !ok {
+		return false
+	}
+	_, user, _ := sess.State()
+	return user == ""
 }
 
 // boundedSource refuses a NodeId over Config.MaxNodeIDLength with

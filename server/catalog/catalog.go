@@ -295,6 +295,13 @@ const (
 	// millisecond, so many sessions hold as many subscriptions, and their
 	// loops' wake-ups, as they like.
 	FaultSubscriptionsUnbounded Fault = "subscriptions-unbounded"
+	// FaultAnonymousSubscriptionsUnshared lets the subscriptions of
+	// anonymous sessions take the whole server-wide subscription limit
+	// and publishing rate, instead of at most their share (½): a few
+	// anonymous sessions holding every subscription leave a user who
+	// logs in none (BadTooManySubscriptions), a lockout without
+	// credentials.
+	FaultAnonymousSubscriptionsUnshared Fault = "anonymous-subscriptions-unshared"
 )
 
 // AllFaults lists every fault switch.
@@ -319,6 +326,7 @@ var AllFaults = []Fault{
 	FaultResponsesUnbudgeted, FaultParkedPublishWhole,
 	FaultLongNodeIDsKept, FaultOPNBlocksUnbounded,
 	FaultRetransmitUnbudgeted, FaultSubscriptionsUnbounded,
+	FaultAnonymousSubscriptionsUnshared,
 }
 
 // MinSoak returns the shortest soak (the suites' SOAK setting) in which

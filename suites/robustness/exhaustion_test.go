@@ -81,6 +81,7 @@ var exhaustCatches = []catalog.Fault{
 	catalog.FaultResponsesUnbudgeted, catalog.FaultParkedPublishWhole,
 	catalog.FaultLongNodeIDsKept, catalog.FaultOPNBlocksUnbounded,
 	catalog.FaultRetransmitUnbudgeted, catalog.FaultSubscriptionsUnbounded,
+	catalog.FaultAnonymousSubscriptionsUnshared,
 }
 
 // floodSessions is the session table the session floods go past: the
@@ -111,6 +112,15 @@ func exhaustion(cond toxics.Condition) scenario.Scenario {
 	if h.Setup.Target.ServiceTime {
 		limits.SlowNode = ua.NewStringNodeID(1, "Slow.5000")
 	}
+	// the anonymous fill's victim: the target's first user (the probers'
+	// too); its subscription limits as reported (else the attack's
+	// defaults, past the reference server's)
+	if us := h.Setup.Target.Users; len(us) > 0 {
+		limits.User, limits.Password = us[0].Name, us[0].Password
+	}
+	limits.NoAnonymous = !h.Setup.Probe.Anonymous.OK
+	limits.MaxSubscriptions = int(h.Setup.Probe.Reported("MaxSubscriptions"))
+	limits.MaxSubscriptionsPerSession = int(h.Setup.Probe.Reported("MaxSubscriptionsPerSession"))
 	// the theft attack's victim: the run's client identity over
 	// SignAndEncrypt, where the target offers it and trusts the
 	// certificate (else the attack lacks it)
@@ -151,6 +161,9 @@ func exhaustion(cond toxics.Condition) scenario.Scenario {
 	}
 	if cpu := slices.DeleteFunc(slices.Clone(cpuAttacks), func(n string) bool { return !slices.Contains(names, n) }); len(cpu) > 0 {
 		s.Checks = append(s.Checks, check.Spec{Name: "amplification-cpu", Config: check.AmplificationConfig{Attacks: cpu, MaxCPUPerMessage: maxCPUPerMessage}})
+	}
+	if slices.Contains(names, attack.NameAnonymousFill) {
+		s.Checks = append(s.Checks, check.Spec{Name: "subscription-lockout", Config: check.SubscriptionLockoutConfig{Attacks: []string{attack.NameAnonymousFill}}})
 	}
 	if slices.Contains(names, attack.NameClaimedURITheft) {
 		s.Checks = append(s.Checks, check.Spec{Name: "theft", Config: check.TheftConfig{Attacks: []string{attack.NameClaimedURITheft}}})

@@ -64,7 +64,11 @@ const (
 	// all subscriptions together (100 000: 1000 subscriptions at 10 ms,
 	// 10 000 at 100 ms): each cycle wakes a subscription's loop, a few
 	// microseconds of CPU.
-	DefaultMaxPublishRate       = 100_000
+	DefaultMaxPublishRate = 100_000
+	// DefaultAnonymousShare is the share of MaxSubscriptionsTotal and of
+	// MaxPublishRate the subscriptions of anonymous sessions together may
+	// hold: the rest stays for sessions with a user identity.
+	DefaultAnonymousShare       = 0.5
 	DefaultMaxItems             = 100_000
 	DefaultMaxItemsPerCall      = 10_000
 	DefaultMaxItemsPerSession   = 20_000
@@ -159,6 +163,21 @@ type Options struct {
 	// ModifySubscription to a shorter interval that would keeps the
 	// interval it had. Negative: no limit.
 	MaxPublishRate float64
+	// Anonymous, if not nil, tells whether the session keyed key has no
+	// user identity (nil: every session has one). A subscription is
+	// charged to the anonymous class when its session is anonymous at
+	// CreateSubscription, and keeps that class for its life, across
+	// TransferSubscriptions and ModifySubscription.
+	Anonymous func(key any) bool
+	// AnonymousShare is the share of MaxSubscriptionsTotal and of
+	// MaxPublishRate that the subscriptions of anonymous sessions
+	// together may hold (0: DefaultAnonymousShare): CreateSubscription
+	// of an anonymous session beyond either is answered
+	// BadTooManySubscriptions while user sessions still get theirs, and
+	// its ModifySubscription to a shorter interval beyond the rate share
+	// keeps the interval it had. 1 or more: no share, anonymous sessions
+	// may take it all (the anonymous-subscriptions-unshared fault).
+	AnonymousShare float64
 	// MaxItems bounds monitored items per subscription (100000).
 	MaxItems int
 	// MaxItemsPerCall bounds the items of one CreateMonitoredItems call
@@ -251,6 +270,9 @@ func (o *Options) fill() {
 	orDefault(&o.MaxSubscriptionsTotal, DefaultMaxSubscriptionsTotal)
 	if o.MaxPublishRate == 0 {
 		o.MaxPublishRate = DefaultMaxPublishRate
+	}
+	if o.AnonymousShare <= 0 || math.IsNaN(o.AnonymousShare) {
+		o.AnonymousShare = DefaultAnonymousShare
 	}
 	orDefault(&o.MaxItems, DefaultMaxItems)
 	orDefault(&o.MaxItemsPerCall, DefaultMaxItemsPerCall)
@@ -353,9 +375,17 @@ type Stats struct {
 	// kept in) a retransmission queue for its byte budget.
 	RetransDropped int64
 	// TooManySubs counts CreateSubscription calls refused at
-	// MaxSubscriptionsTotal.
+	// MaxSubscriptionsTotal or MaxPublishRate, or at the anonymous share
+	// of either.
 	TooManySubs int64
-	Sampling    GroupStats
+	// AnonymousSubs are the live subscriptions charged to the anonymous
+	// class, AnonymousRate their publishing cycles per second.
+	AnonymousSubs int
+	AnonymousRate float64
+	// Rate is the publishing cycles per second of all live
+	// subscriptions.
+	Rate     float64
+	Sampling GroupStats
 }
 
 // Manager holds the subscription state of every session of a server.
@@ -384,6 +414,11 @@ type Manager struct {
 	// subscriptions, in thousandths (rateCost).
 	rate                      atomic.Int64
 	subs, items, itemsDeleted atomic.Int64
+	// anonSubs and anonRate are the part of subs and rate charged to
+	// the anonymous class; anonSubLimit and anonRateLimit its share of
+	// them (-1: no share).
+	anonSubs, anonRate          atomic.Int64
+	anonSubLimit, anonRateLimit int64
 }
 
 // New returns a manager whose loops run until ctx ends or Close is called.
@@ -397,6 +432,15 @@ func New(ctx context.Context, opts Options) *Manager {
 		ctx:      ctx,
 		cancel:   cancel,
 		sessions: make(map[any]*Session),
+	}
+	m.anonSubLimit, m.anonRateLimit = -1, -1
+	if opts.AnonymousShare < 1 {
+		if opts.MaxSubscriptionsTotal < math.MaxInt {
+			m.anonSubLimit = int64(float64(opts.MaxSubscriptionsTotal) * opts.AnonymousShare)
+		}
+		if opts.MaxPublishRate >= 0 {
+			m.anonRateLimit = int64(opts.MaxPublishRate * 1000 * opts.AnonymousShare)
+		}
 	}
 	m.sampler = NewSampler(ctx, opts.Clock, SamplerFaults{Drift: opts.SamplingDrift, Skips: opts.SamplerSkips}, opts.Logger)
 	return m
@@ -484,6 +528,9 @@ func (m *Manager) Stats() Stats {
 		TimedOut:       m.timedOut.Load(),
 		RetransDropped: m.retransDropped.Load(),
 		TooManySubs:    m.tooManySubs.Load(),
+		AnonymousSubs:  int(m.anonSubs.Load()),
+		AnonymousRate:  float64(m.anonRate.Load()) / 1000,
+		Rate:           float64(m.rate.Load()) / 1000,
 		Sampling:       sampling,
 	}
 }
@@ -535,17 +582,45 @@ func (m *Manager) reserveItem() bool {
 	}
 }
 
-// reserveSub counts one more live subscription unless
-// MaxSubscriptionsTotal are live; it reports whether it did.
-func (m *Manager) reserveSub() bool {
+// reserveUpTo adds n to c unless that would take it past limit (-1: no
+// limit); it reports whether it did.
+func reserveUpTo(c *atomic.Int64, n, limit int64) bool {
+	if limit < 0 {
+		c.Add(n)
+		return true
+	}
 	for {
-		n := m.subs.Load()
-		if n >= int64(m.opts.MaxSubscriptionsTotal) {
+		cur := c.Load()
+		if cur+n > limit {
 			return false
 		}
-		if m.subs.CompareAndSwap(n, n+1) {
+		if c.CompareAndSwap(cur, cur+n) {
 			return true
 		}
+	}
+}
+
+// reserveSub counts one more live subscription of the class anon unless
+// MaxSubscriptionsTotal are live, or, for an anonymous one, the
+// anonymous share of them; it reports whether it did.
+func (m *Manager) reserveSub(anon bool) bool {
+	if anon && !reserveUpTo(&m.anonSubs, 1, m.anonSubLimit) {
+		return false
+	}
+	if !reserveUpTo(&m.subs, 1, int64(m.opts.MaxSubscriptionsTotal)) {
+		if anon {
+			m.anonSubs.Add(-1)
+		}
+		return false
+	}
+	return true
+}
+
+// releaseSub gives back what reserveSub counted.
+func (m *Manager) releaseSub(anon bool) {
+	m.subs.Add(-1)
+	if anon {
+		m.anonSubs.Add(-1)
 	}
 }
 
@@ -555,23 +630,42 @@ func rateCost(iv time.Duration) int64 {
 	return max(int64(time.Second)*1000/int64(max(iv, 1)), 1)
 }
 
-// reserveRate adds n to the publishing rate unless that would go past
-// MaxPublishRate; it reports whether it did.
-func (m *Manager) reserveRate(n int64) bool {
+// rateLimit is MaxPublishRate in thousandths (-1: no limit).
+func (m *Manager) rateLimit() int64 {
 	if m.opts.MaxPublishRate < 0 {
-		m.rate.Add(n)
-		return true
+		return -1
 	}
-	limit := int64(m.opts.MaxPublishRate * 1000)
-	for {
-		cur := m.rate.Load()
-		if cur+n > limit {
-			return false
-		}
-		if m.rate.CompareAndSwap(cur, cur+n) {
-			return true
-		}
+	return int64(m.opts.MaxPublishRate * 1000)
+}
+
+// reserveRate adds n to the publishing rate of the class anon unless
+// that would go past MaxPublishRate, or, for an anonymous one, past the
+// anonymous share of it; it reports whether it did.
+func (m *Manager) reserveRate(anon bool, n int64) bool {
+	if anon && !reserveUpTo(&m.anonRate, n, m.anonRateLimit) {
+		return false
 	}
+	if !reserveUpTo(&m.rate, n, m.rateLimit()) {
+		if anon {
+			m.anonRate.Add(-n)
+		}
+		return false
+	}
+	return true
+}
+
+// releaseRate gives back n of what reserveRate added.
+func (m *Manager) releaseRate(anon bool, n int64) {
+	m.rate.Add(-n)
+	if anon {
+		m.anonRate.Add(-n)
+	}
+}
+
+// anonymous reports whether the session keyed key has no user identity
+// now (Options.Anonymous).
+func (m *Manager) anonymous(key any) bool {
+	return m.opts.Anonymous != nil && m.opts.Anonymous(key)
 }
 
 // queueCost is the budget charge of a queue of size values.

@@ -75,7 +75,14 @@ type Subscription struct {
 	wake chan struct{} // cap 1: interval changed
 	stop context.CancelFunc
 
+	// anon is the class the subscription is charged to for its life
+	// (its session anonymous at CreateSubscription), rateCharged its
+	// charge to the publishing rate (rateCost of interval): what is
+	// released when it is deleted.
+	anon bool
+
 	// Guarded by sess.mu.
+	rateCharged  int64
 	interval     time.Duration
 	lifetime     uint32
 	keepAlive    uint32
@@ -210,6 +217,9 @@ func (s *Session) revise(ms float64, lifetime, keepAlive uint32) (time.Duration,
 // CreateSubscription serves the CreateSubscription service.
 func (s *Session) CreateSubscription(r *ua.CreateSubscriptionRequest) ua.Response {
 	m := s.m
+	// the session's class, asked before s.mu is taken: Options.Anonymous
+	// may take the server session's own lock
+	anon := m.anonymous(s.key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -218,35 +228,40 @@ func (s *Session) CreateSubscription(r *ua.CreateSubscriptionRequest) ua.Respons
 	if len(s.subs) >= m.opts.MaxSubscriptions {
 		return m.Fault(r, ua.StatusBadTooManySubscriptions)
 	}
-	if !m.reserveSub() {
+	if !m.reserveSub(anon) {
 		if m.tooManySubs.Add(1)%1000 == 1 {
-			m.log.Info("subscription refused: server-wide limit", "limit", m.opts.MaxSubscriptionsTotal, "refused", m.tooManySubs.Load())
+			m.log.Info("subscription refused: server-wide limit, or the anonymous share of it", "limit", m.opts.MaxSubscriptionsTotal,
+				"anonymous", anon, "anonymous_limit", m.anonSubLimit, "refused", m.tooManySubs.Load())
 		}
 		return m.Fault(r, ua.StatusBadTooManySubscriptions)
 	}
 	iv, lifetime, keepAlive := s.revise(r.RequestedPublishingInterval, r.RequestedLifetimeCount, r.RequestedMaxKeepAliveCount)
-	if !m.reserveRate(rateCost(iv)) {
-		m.subs.Add(-1)
+	cost := rateCost(iv)
+	if !m.reserveRate(anon, cost) {
+		m.releaseSub(anon)
 		if m.tooManySubs.Add(1)%1000 == 1 {
-			m.log.Info("subscription refused: server-wide publishing rate", "interval", iv, "limit_per_s", m.opts.MaxPublishRate, "refused", m.tooManySubs.Load())
+			m.log.Info("subscription refused: server-wide publishing rate, or the anonymous share of it", "interval", iv, "limit_per_s", m.opts.MaxPublishRate,
+				"anonymous", anon, "refused", m.tooManySubs.Load())
 		}
 		return m.Fault(r, ua.StatusBadTooManySubscriptions)
 	}
 	id := m.nextSubID.Add(1)
 	ctx, cancel := context.WithCancel(m.ctx)
 	sub := &Subscription{
-		id:        id,
-		sess:      s,
-		wake:      make(chan struct{}, 1),
-		stop:      cancel,
-		interval:  iv,
-		lifetime:  lifetime,
-		keepAlive: keepAlive,
-		maxNotif:  r.MaxNotificationsPerPublish,
-		priority:  r.Priority,
-		enabled:   r.PublishingEnabled,
-		seq:       1,
-		items:     make(map[uint32]*MonitoredItem),
+		id:          id,
+		sess:        s,
+		anon:        anon,
+		rateCharged: cost,
+		wake:        make(chan struct{}, 1),
+		stop:        cancel,
+		interval:    iv,
+		lifetime:    lifetime,
+		keepAlive:   keepAlive,
+		maxNotif:    r.MaxNotificationsPerPublish,
+		priority:    r.Priority,
+		enabled:     r.PublishingEnabled,
+		seq:         1,
+		items:       make(map[uint32]*MonitoredItem),
 	}
 	s.subs[id] = sub
 	s.order = append(s.order, sub)
@@ -273,12 +288,18 @@ func (s *Session) ModifySubscription(r *ua.ModifySubscriptionRequest) ua.Respons
 	m := s.m
 	return s.onSub(r, r.SubscriptionID, func(sub *Subscription) ua.Response {
 		iv, lifetime, keepAlive := s.revise(r.RequestedPublishingInterval, r.RequestedLifetimeCount, r.RequestedMaxKeepAliveCount)
-		if old, cost := rateCost(sub.interval), rateCost(iv); cost > old && !m.reserveRate(cost-old) {
-			// over the server's publishing rate: the interval it had
+		// The subscription's class pays the difference: a faster
+		// interval is reserved first, a slower one gives back.
+		if cost := rateCost(iv); cost > sub.rateCharged && !m.reserveRate(sub.anon, cost-sub.rateCharged) {
+			// over the server's publishing rate (or the anonymous
+			// share of it): the interval it had
 			iv = sub.interval
 			lifetime, keepAlive = m.opts.ReviseCounts(iv, r.RequestedLifetimeCount, r.RequestedMaxKeepAliveCount)
-		} else if cost < old {
-			m.rate.Add(cost - old)
+		} else {
+			if cost < sub.rateCharged {
+				m.releaseRate(sub.anon, sub.rateCharged-cost)
+			}
+			sub.rateCharged = cost
 		}
 		changed := iv != sub.interval
 		sub.interval, sub.lifetime, sub.keepAlive = iv, lifetime, keepAlive
@@ -334,8 +355,9 @@ func (s *Session) deleteLocked(sub *Subscription) {
 		s.order = slices.Delete(s.order, i, i+1)
 	}
 	s.releaseItemsLocked(sub.list)
-	s.m.subs.Add(-1)
-	s.m.rate.Add(-rateCost(sub.interval))
+	s.m.releaseSub(sub.anon)
+	s.m.releaseRate(sub.anon, sub.rateCharged)
+	sub.rateCharged = 0
 	s.releaseRetransLocked(sub, len(sub.retrans))
 	sub.items, sub.list, sub.retrans, sub.retransCost = nil, nil, nil, nil
 	s.m.log.Debug("subscription deleted", "subscription", sub.id)
