@@ -46,14 +46,14 @@ rc=0
 kill "$beat" 2>/dev/null
 wait "$beat" 2>/dev/null
 # With OPCUA_CHAOS_STEPS set (make chaos: reports/<run>/steps.tsv), the
-# step's label, seconds and state are appended to it, tab-separated (the
+# step's label, seconds, state and end (Unix seconds) are appended to it, tab-separated (the
 # format of report.StepsFile), for the summary's time line.
 if [ -n "${OPCUA_CHAOS_STEPS:-}" ]; then
 	d=$(($(now) - begin))
 	state=done
 	[ "$rc" -eq 0 ] || state=failed
 	mkdir -p "$(dirname "$OPCUA_CHAOS_STEPS")" &&
-		printf '%s\t%d.%d\t%s\n' "$label" $((d / 10)) $((d % 10)) "$state" >>"$OPCUA_CHAOS_STEPS" || true
+		printf '%s\t%d.%d\t%s\t%s\n' "$label" $((d / 10)) $((d % 10)) "$state" "$(date +%s.%3N)" >>"$OPCUA_CHAOS_STEPS" || true
 fi
 if [ "$rc" -eq 0 ]; then
 	echo "step: $label done in $(took)"
