@@ -314,14 +314,16 @@ func exhaust(ctx context.Context, r *scenario.Run, attacks []attack.Attack, name
 		checks = append(checks, check.Spec{Name: "memory-peak", Config: check.MemoryPeakConfig{
 			Attacks: names, BudgetReading: history.ReadingMemoryBudget, Factor: peakFactor, Slack: peakSlack, Baseline: baseline}})
 	}
-	if tgt.LoginThrottle {
-		// a target that throttles failed logins (OPCUA_CHAOS_LOGIN_THROTTLE;
-		// the reference server does): others may not, and are not judged
-		checks = append(checks, check.Spec{Name: "guess-rate", Config: check.GuessRateConfig{Throttled: true, MaxRate: maxGuessRate}},
-			// and one user's password from every address the harness
-			// has, many guesses in flight: a budget per user, not per
-			// address
-			check.Spec{Name: "guess-rate-one-user", Config: check.GuessRateConfig{Attack: attack.NameGuessOneUser, Throttled: true, MaxRate: maxGuessRate}})
+	// a target that throttles failed logins (OPCUA_CHAOS_LOGIN_THROTTLE;
+	// the reference server does): others may not, and are not judged;
+	// each guessing attack that runs is judged
+	if tgt.LoginThrottle && slices.Contains(names, attack.NameGuessManyUsers) {
+		checks = append(checks, check.Spec{Name: "guess-rate", Config: check.GuessRateConfig{Attack: attack.NameGuessManyUsers, Throttled: true, MaxRate: maxGuessRate}})
+	}
+	if tgt.LoginThrottle && slices.Contains(names, attack.NameGuessOneUser) {
+		// one user's password from every address the harness has, many
+		// guesses in flight: a budget per user, not per address
+		checks = append(checks, check.Spec{Name: "guess-rate-one-user", Config: check.GuessRateConfig{Attack: attack.NameGuessOneUser, Throttled: true, MaxRate: maxGuessRate}})
 	}
 	r.Check(checks...)
 
