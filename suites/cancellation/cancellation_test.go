@@ -475,10 +475,15 @@ func sessionsOpened(name string) check.Spec {
 }
 
 // catches are the reference server's faults both specs are aimed at under
-// baseline: a cancelled request that keeps its queue slot, one that is
-// still dispatched, and a CloseSession that leaves the session's queued
-// requests to run.
-var catches = []catalog.Fault{catalog.FaultCancelLeak, catalog.FaultCancelDouble, catalog.FaultCloseRunsQueued}
+// baseline: a cancelled request that keeps its queue slot and one that is
+// still dispatched.
+var catches = []catalog.Fault{catalog.FaultCancelLeak, catalog.FaultCancelDouble}
+
+// raceCatches adds, for the race of CloseSession, timeouts and resets, a
+// CloseSession that leaves the session's queued requests to run
+// (race-closed-session). The storm closes no session mid-flight: it
+// passed with that fault on (matrix faults-20261207-103445).
+var raceCatches = append(slices.Clone(catches), catalog.FaultCloseRunsQueued)
 
 // stormCatches adds, for the cancel storm, a CancelCount that is not the
 // number of requests the Cancel removed (the server's running total):
@@ -1107,6 +1112,6 @@ var _ = Describe("Cancellation", spec.Property(property), func() {
 
 	DescribeTable("keeps serving other sessions through CloseSession, timeouts and resets mid-flight", h.Scenario(func(cond toxics.Condition) scenario.Scenario {
 		return races(cond, experiment("close and reset races"))
-	}), spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)),
+	}), spec.Entries(toxics.CI(), raceCatches, SpecTimeout(2*time.Minute)),
 		spec.Entries(secured, nil, SpecTimeout(2*time.Minute), spec.Nightly))
 })

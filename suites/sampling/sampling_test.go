@@ -3,6 +3,7 @@ package sampling_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -53,14 +54,25 @@ const (
 
 // catches are the reference server's faults both specs are aimed at under
 // baseline: a sampler that drifts, a server that drops Publish requests, a
-// sampler that never samples some items, a subscription that skips a
+// subscription that skips a
 // sequence number (every 50th: the specs see about 70 notification
 // messages, one per publishing interval over warmup, judged span and
 // tail), a server that queues a sample twice (the sampling check fails
 // on duplicates) and one that grants 10 ms but samples at the publishing
 // interval (interval not kept).
-var catches = []catalog.Fault{catalog.FaultSamplingDrift, catalog.FaultPublishDrop, catalog.FaultSamplerSkips,
+var catches = []catalog.Fault{catalog.FaultSamplingDrift, catalog.FaultPublishDrop,
 	catalog.FaultSkippedSequence, catalog.FaultDuplicateSamples, catalog.FaultSampleAtPublish}
+
+// catchesOf is what the spec of items items is aimed at: catches, and
+// with 8 items or more the sampler that never samples the items at
+// positions ≡ 7 (mod 64); a lone item is sampled (the 1-item spec passed
+// with that fault on, matrix faults-20261207-103445).
+func catchesOf(items int) []catalog.Fault {
+	if items >= 8 {
+		return append(slices.Clone(catches), catalog.FaultSamplerSkips)
+	}
+	return catches
+}
 
 // subscription labels the driver's subscription in the history (its
 // Publish ops and listed sequence numbers).
@@ -310,7 +322,7 @@ var _ = Describe("100 Hz sampling", spec.Property(property), func() {
 	// every item created, so check.Sampling judges each).
 	for _, items := range []int{1, 1024} {
 		DescribeTable(fmt.Sprintf("delivers ≥ 99 %% of the samples of each of %d item(s) at 10 ms", items), h.Scenario(delivers(items)),
-			spec.Entries(toxics.CI(), catches, SpecTimeout(2*time.Minute)),
+			spec.Entries(toxics.CI(), catchesOf(items), SpecTimeout(2*time.Minute)),
 			spec.Entries(toxics.Secured(toxics.SecuritySignEncrypt, toxics.Baseline), nil, SpecTimeout(2*time.Minute), spec.Nightly))
 	}
 })

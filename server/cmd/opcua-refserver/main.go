@@ -16,7 +16,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,7 +23,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 
 	"github.com/opcua-chaos/opcua-chaos/server"
@@ -50,8 +48,6 @@ func run(args []string) int {
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
-	setMemoryLimit(cfg, os.Getenv)
-
 	srv, err := server.New(cfg)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "opcua-refserver: %v\n", err)
@@ -64,26 +60,4 @@ func run(args []string) int {
 		return 1
 	}
 	return 0
-}
-
-// memoryHeadroom is what the soft memory limit leaves under the declared
-// bound of twice the budget plus 128 MiB (docs/properties.md,
-// memory-peak): the runtime's own memory and what a reading lags.
-const memoryHeadroom = 64 << 20
-
-// setMemoryLimit sets the garbage collector's soft limit (the process's)
-// to twice the byte budget plus 64 MiB, unless GOMEMLIMIT sets one (the budget
-// OPCUA_MEMORY_BUDGET, else server.DefaultMemoryBudget). The server declares its memory bound as twice the
-// budget plus 128 MiB: what the budget lets peers make it hold, and as
-// much again for the collector. Without a limit the collector lets the
-// heap reach twice its live bytes whatever they are, so the garbage of
-// decoding megabyte messages (publish/parked-acks: 100 Publishes of 2 MB)
-// on top of a full budget went past the bound (660 MiB over 640, run cold1
-// on 2026-12-07); the limit makes it collect sooner there. Memory the
-// server holds beyond its budget still goes past it: the limit is soft.
-func setMemoryLimit(cfg server.Config, getenv func(string) string) {
-	if getenv("GOMEMLIMIT") != "" {
-		return
-	}
-	debug.SetMemoryLimit(2*cmp.Or(cfg.MemoryBudget, server.DefaultMemoryBudget) + memoryHeadroom)
 }
