@@ -52,6 +52,9 @@ const (
 	// maxGuessRate is the most failed logins per second one peer may get
 	// answered from a server that declares a login throttle.
 	maxGuessRate = 5
+	// exhaustSettle bounds the wait, after each attack but the last,
+	// for the server to come back from it (watch.Watch.Settle).
+	exhaustSettle = 10 * time.Second
 	// maxCPUPerMessage is the most server CPU one message of the CPU
 	// amplifiers of issue 44 may cost (cpuAttacks).
 	maxCPUPerMessage = 50 * time.Millisecond
@@ -302,6 +305,20 @@ func exhaust(ctx context.Context, r *scenario.Run, attacks []attack.Attack, name
 	baseline.End = rec.Now()
 
 	runner := &attack.Runner{Endpoint: e.Endpoint, Direct: e.DirectEndpoint, Rec: rec, Seed: r.Seed}
+	last := ""
+	if len(attacks) > 0 {
+		last = attacks[len(attacks)-1].Name
+	}
+	runner.Settle = func(ctx context.Context, a attack.Attack) {
+		// each attack's window lasts until the server has come back
+		// from it (CPU quiet, memory no longer falling; at most
+		// exhaustSettle), so that the next attack starts on a quiet
+		// server and each peak is its own attack's; the last one has
+		// the lockout grace after it instead
+		if a.Name != last {
+			rec.Mark(a.Name, mw.Settle(ctx, watch.SettleConfig{Within: exhaustSettle}).String())
+		}
+	}
 	var checks []check.Spec
 	switch {
 	case tgt.MemoryBound > 0:
