@@ -72,37 +72,6 @@ var cpuAttacks = []string{attack.NameOPNBlocks, attack.NameSessionSigning, attac
 // unactivated, 100 anonymous). Its memory budget keeps its default.
 var exhaustLimits = map[string]string{"OPCUA_MAX_CONNECTIONS": "300", "OPCUA_MAX_SESSIONS": "200"}
 
-// exhaustAttacks are the attacks of the catalogue that a fault switch of
-// the reference server lets through, each with the switch (the protection
-// it undoes): what the specs are aimed at. amplifier/create-session has
-// no switch (its budget is proven in-process only, docs/faults.md).
-var exhaustAttacks = []struct {
-	name  string
-	fault catalog.Fault
-}{
-	{attack.NameHeldHugeSecrets, catalog.FaultLoginHoldsRequests},
-	{attack.NameChunksAcrossConns, catalog.FaultChunksPerChannelOnly},
-	{attack.NameIdleAfterOpen, catalog.FaultIdleAfterOpen},
-	{attack.NameClosedSessionConns, catalog.FaultOnceActivatedSpared},
-	{attack.NameQueueBomb, catalog.FaultNoByteBudget},
-	{attack.NameItemQueueBomb, catalog.FaultItemQueuesUnbounded},
-	{attack.NameLongNodeIDs, catalog.FaultLongNodeIDsKept},
-	{attack.NameLongSessionStrings, catalog.FaultLongSessionStrings},
-	{attack.NameRSABlocks, catalog.FaultRSABlocksUnbounded},
-	{attack.NameOPNBlocks, catalog.FaultOPNBlocksUnbounded},
-	{attack.NameGuessManyUsers, catalog.FaultThrottlePairOnly},
-	{attack.NameGuessOneUser, catalog.FaultGuessesAcrossAddresses},
-	{attack.NameClaimedURITheft, catalog.FaultClaimedURITrusted},
-	{attack.NameActivatedFlood, catalog.FaultSessionsOutliveChannels},
-	{attack.NameLiveAnonymousFlood, catalog.FaultAnonymousFullRefuses},
-	{attack.NameUnactivatedRefill, catalog.FaultUnactivatedRefuse},
-	{attack.NameAnonymousFill, catalog.FaultAnonymousSubscriptionsUnshared},
-	{attack.NameParkedAcks, catalog.FaultParkedPublishWhole},
-	{attack.NameUnreadAnswers, catalog.FaultResponsesUnbudgeted},
-	{attack.NameRetransNeverAcked, catalog.FaultRetransmitUnbudgeted},
-	{attack.NameManyFastSubs, catalog.FaultSubscriptionsUnbounded},
-}
-
 // exhaustSlice is the part of the catalogue the CI profile runs, about a
 // minute of the whole's three and a half: one attack of each kind the
 // checks judge: idle connections at the connection limit (lockout),
@@ -116,13 +85,14 @@ var exhaustSlice = []string{
 	attack.NameGuessManyUsers, attack.NameClaimedURITheft, attack.NameLiveAnonymousFlood,
 }
 
-// exhaustCatches returns the faults whose attacks are among names (all when
-// names is nil), in exhaustAttacks order.
+// exhaustCatches returns the fault switches (attack.Attack.Fault) of the
+// catalogue's attacks among names (all when names is nil), in the
+// catalogue's order: what the specs running them are aimed at.
 func exhaustCatches(names []string) []catalog.Fault {
 	var out []catalog.Fault
-	for _, a := range exhaustAttacks {
-		if names == nil || slices.Contains(names, a.name) {
-			out = append(out, a.fault)
+	for _, a := range attack.Exhaustion(attack.ExhaustionLimits{}) {
+		if a.Fault != "" && (names == nil || slices.Contains(names, a.Name)) {
+			out = append(out, a.Fault)
 		}
 	}
 	return out
