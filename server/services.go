@@ -433,7 +433,7 @@ func (s *Server) activateSession(cn *conn, r *ua.ActivateSessionRequest, now tim
 	if code == ua.StatusOK {
 		// Refused if a concurrent activation replaced the nonce, the
 		// session was closed meanwhile, or the anonymous share is full.
-		next, code, why = sess.Activate(user, cn.id, nonce)
+		next, code, why = sess.Activate(user, cn.id, cn.remoteIP, nonce)
 	}
 	if code != ua.StatusOK {
 		s.stats.securityRejected.Add(1)

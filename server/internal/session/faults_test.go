@@ -16,7 +16,7 @@ func TestNeverExpireFault(t *testing.T) {
 		m := NewManager(Limits{NeverExpire: on, UnactivatedTimeout: time.Second})
 		now := time.Now()
 		active := m.Create("active", 200*time.Millisecond, now)
-		if _, code, _ := active.Activate("", 1, active.ServerNonce()); code != ua.StatusOK {
+		if _, code, _ := active.Activate("", 1, "", active.ServerNonce()); code != ua.StatusOK {
 			t.Fatal("activate failed")
 		}
 		idle := m.Create("unactivated", 200*time.Millisecond, now)

@@ -44,6 +44,9 @@ type Session struct {
 	bound  bool   // activated and counted in m.bound under boundTo (its channel open)
 	// boundTo is the channel it is counted under in m.bound.
 	boundTo uint32
+	// peer is the network address (host) of the channel it was last
+	// activated on: anonymous places yield by peer (anonymousPlaceLocked).
+	peer string
 
 	mu        sync.Mutex
 	activated bool
@@ -104,7 +107,7 @@ func (s *Session) ServerNonce() []byte {
 }
 
 // Activate marks the session active for user ("" for anonymous) on the
-// secure channel channelID, if nonce (the ServerNonce the caller checked
+// secure channel channelID of the peer address peer, if nonce (the ServerNonce the caller checked
 // the identity against) is still the session's server nonce, and issues
 // and returns the next server nonce. On refusal it returns the status and
 // why, and changes nothing: BadIdentityTokenInvalid when another activation
@@ -113,7 +116,7 @@ func (s *Session) ServerNonce() []byte {
 // the session would become anonymous beyond the manager's anonymous share
 // and no orphaned anonymous session can make room. (Without it an
 // anonymous session always makes room: see anonymousPlaceLocked.)
-func (s *Session) Activate(user string, channelID uint32, nonce []byte) (next []byte, code ua.StatusCode, why string) {
+func (s *Session) Activate(user string, channelID uint32, peer string, nonce []byte) (next []byte, code ua.StatusCode, why string) {
 	next = newNonce()
 	m := s.m
 	m.mu.Lock()
@@ -126,7 +129,7 @@ func (s *Session) Activate(user string, channelID uint32, nonce []byte) (next []
 	case !bytes.Equal(nonce, s.nonce):
 		code, why = ua.StatusBadIdentityTokenInvalid, "server nonce replaced by a concurrent activation"
 	case user == "" && !s.anon:
-		if evicted = m.anonymousPlaceLocked(s); evicted != nil {
+		if evicted = m.anonymousPlaceLocked(s, peer); evicted != nil {
 			evictedOrphan = evicted.orphan != 0
 		} else if len(m.anonymous) >= m.lim.MaxAnonymous {
 			m.anonRefused++
@@ -145,6 +148,7 @@ func (s *Session) Activate(user string, channelID uint32, nonce []byte) (next []
 	s.mu.Unlock()
 	// Bound to an open channel again: no longer an orphan.
 	s.orphan = 0
+	s.peer = peer
 	m.unbindLocked(s)
 	s.bound, s.boundTo = true, channelID
 	m.bound[channelID]++
@@ -229,19 +233,20 @@ type Limits struct {
 	// MaxAnonymous bounds the sessions activated with the anonymous
 	// identity (default MaxSessions/2), so anonymous clients cannot take
 	// the places of user logins. Beyond it an anonymous activation closes
-	// the oldest orphaned anonymous session, else the anonymous session
-	// idle longest: anonymous sessions on live channels cannot lock a
-	// fresh anonymous client out.
+	// the oldest orphaned anonymous session, else the idlest anonymous
+	// session of the peer address holding the most: anonymous sessions on
+	// live channels cannot lock another peer's fresh anonymous client out.
 	MaxAnonymous int
 	// AnonymousRefuse is the anonymous-full-refuses fault: at MaxAnonymous
 	// an anonymous activation closes an orphaned anonymous session or is
 	// refused BadTooManySessions; sessions on live channels never yield.
 	AnonymousRefuse bool
 	// YieldIdle is how long an anonymous session on a live channel must
-	// have been idle (no request) to yield its place (default
-	// DefaultYieldIdle): a client's busy sessions keep theirs, so a
-	// server at its anonymous share still refuses one more beside them;
-	// sessions held idle by a flood do not lock fresh clients out.
+	// have been idle (no request) to yield its place to an activation from
+	// a peer address holding as many anonymous sessions as its own
+	// (default DefaultYieldIdle): a client's busy sessions keep theirs, so
+	// a server at its anonymous share still refuses that client one more
+	// beside them. A peer holding fewer takes the place at once.
 	YieldIdle time.Duration
 	// NeverExpire is the sessions-never-expire fault: an activated session
 	// idle for longer than its timeout is never closed. Sessions not yet
@@ -446,14 +451,17 @@ func (m *Manager) oldestLocked(set map[*Session]struct{}, orphans bool) *Session
 	return best
 }
 
-// anonymousPlaceLocked makes room for one more anonymous session at the
-// anonymous share: it removes and returns the oldest orphaned anonymous
-// session other than s, else the anonymous session other than s idle
-// longest (its last request the oldest) if idle for Limits.YieldIdle at
-// least, for the caller to close; nil if the share is not full, or full
-// with none to close (under Limits.AnonymousRefuse: no orphan): then the
-// activation is refused. m.mu held.
-func (m *Manager) anonymousPlaceLocked(s *Session) *Session {
+// anonymousPlaceLocked makes room for s, about to become anonymous on a
+// channel of peer, when the anonymous share is full: it removes and
+// returns the orphaned anonymous session orphaned first; else (but under
+// anonymous-full-refuses) an anonymous session on a live channel yields:
+// the one idle longest of the peer address holding the most anonymous
+// sessions, at once when peer holds fewer (a peer that filled the share
+// cannot lock another peer's fresh client out, however busy it keeps its
+// sessions), only once it has been idle for YieldIdle when peer itself
+// holds as many (a client's busy sessions keep their places beside one
+// more of its own). It returns nil when nothing yields. m.mu held.
+func (m *Manager) anonymousPlaceLocked(s *Session, peer string) *Session {
 	if len(m.anonymous) < m.lim.MaxAnonymous || m.lim.OutliveChannels {
 		return nil
 	}
@@ -467,13 +475,26 @@ func (m *Manager) anonymousPlaceLocked(s *Session) *Session {
 		// their places.
 		return nil
 	}
-	var idlest *Session
+	held := map[string]int{} // anonymous sessions per peer, s left out
 	for o := range m.anonymous {
-		if o != s && (idlest == nil || o.lastSeen.Load() < idlest.lastSeen.Load()) {
+		if o != s {
+			held[o.peer]++
+		}
+	}
+	most := 0
+	for _, n := range held {
+		most = max(most, n)
+	}
+	var idlest *Session // the idlest of the peers holding the most
+	for o := range m.anonymous {
+		if o != s && held[o.peer] == most && (idlest == nil || o.lastSeen.Load() < idlest.lastSeen.Load()) {
 			idlest = o
 		}
 	}
-	if idlest == nil || time.Since(time.Unix(0, idlest.lastSeen.Load())) < m.lim.YieldIdle {
+	if idlest == nil {
+		return nil
+	}
+	if held[peer] >= most && time.Since(time.Unix(0, idlest.lastSeen.Load())) < m.lim.YieldIdle {
 		return nil
 	}
 	m.remove(idlest)

@@ -33,7 +33,7 @@ func TestLifecycle(t *testing.T) {
 	if len(first) != NonceSize {
 		t.Fatalf("server nonce of %d bytes", len(first))
 	}
-	next, code, _ := s.Activate("user1", 7, first)
+	next, code, _ := s.Activate("user1", 7, "", first)
 	if ok := code == ua.StatusOK; !ok || len(next) != NonceSize || string(next) == string(first) {
 		t.Fatalf("activate: ok %v, next nonce %x after %x", ok, next, first)
 	}
@@ -44,7 +44,7 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("server nonce %x, want the one activation returned %x", got, next)
 	}
 	// An activation checked against a replaced nonce changes nothing.
-	if _, code, _ := s.Activate("user2", 8, first); code != ua.StatusBadIdentityTokenInvalid {
+	if _, code, _ := s.Activate("user2", 8, "", first); code != ua.StatusBadIdentityTokenInvalid {
 		t.Error("activation with a stale nonce succeeded")
 	}
 	if _, user, ch := s.State(); user != "user1" || ch != 7 || string(s.ServerNonce()) != string(next) {
@@ -56,7 +56,7 @@ func TestLifecycle(t *testing.T) {
 	// A table full of activated user sessions has no room: none is
 	// closed for a new one.
 	sb := m.Create("b", 0, now)
-	sb.Activate("user2", 8, sb.ServerNonce())
+	sb.Activate("user2", 8, "", sb.ServerNonce())
 	if m.Create("c", 0, now) != nil {
 		t.Error("MaxSessions not enforced")
 	}
@@ -104,7 +104,7 @@ func TestUnactivatedSessionsBounded(t *testing.T) {
 	if m.Create("c", time.Hour, now) != nil {
 		t.Fatal("a third unactivated session was created")
 	}
-	a.Activate("", 1, a.ServerNonce())
+	a.Activate("", 1, "", a.ServerNonce())
 	c := m.Create("c", time.Hour, now.Add(500*time.Millisecond))
 	if c == nil {
 		t.Fatal("activating a did not free a slot")

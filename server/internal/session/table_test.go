@@ -15,9 +15,16 @@ func quiet(lim Limits) Limits {
 	return lim
 }
 
-// activateOn activates s for user on channel ch and returns the status.
+// activateOn activates s for user on channel ch (of the peer "peer") and
+// returns the status.
 func activateOn(s *Session, user string, ch uint32) ua.StatusCode {
-	_, code, _ := s.Activate(user, ch, s.ServerNonce())
+	return activateFrom(s, user, ch, "peer")
+}
+
+// activateFrom activates s for user on channel ch of peer and returns the
+// status.
+func activateFrom(s *Session, user string, ch uint32, peer string) ua.StatusCode {
+	_, code, _ := s.Activate(user, ch, peer, s.ServerNonce())
 	return code
 }
 
@@ -160,6 +167,61 @@ func TestAnonymousShareYields(t *testing.T) {
 		}
 		if c := m.Counts(); c.Anonymous != 3 || c.AnonymousYielded != 1 || c.AnonymousRefused != 1 {
 			t.Errorf("counts %+v", c)
+		}
+	}
+}
+
+// TestAnonymousShareYieldsToAnotherPeer (issue 44, item 3): a peer that
+// filled the anonymous share with sessions it keeps busy cannot lock
+// another peer's fresh client out: the fresh client's activation closes
+// the idlest session of the peer holding the most, at once; a peer that
+// holds as many as any other waits for YieldIdle like the flooding peer
+// itself. Under anonymous-full-refuses the fresh client is refused.
+func TestAnonymousShareYieldsToAnotherPeer(t *testing.T) {
+	for _, fault := range []bool{false, true} {
+		m := NewManager(quiet(Limits{MaxSessions: 8, AnonymousRefuse: fault}))
+		now := time.Now()
+		var flood []*Session
+		for i := range 4 {
+			s := m.Create("flood", time.Hour, now)
+			if code := activateFrom(s, "", uint32(10+i), "attacker"); code != ua.StatusOK {
+				t.Fatalf("fault=%v: anonymous activation %d: %v", fault, i, code)
+			}
+			flood = append(flood, s)
+		}
+		flood[2].Touch(now.Add(-time.Second)) // the flood's idlest, under YieldIdle
+		// the flooding peer's next one: refused, its sessions busy
+		if code := activateFrom(m.Create("flood", time.Hour, now), "", 20, "attacker"); code != ua.StatusBadTooManySessions {
+			t.Fatalf("fault=%v: one more of the flooding peer: %v, want BadTooManySessions", fault, code)
+		}
+		fresh := m.Create("fresh", time.Hour, now)
+		code := activateFrom(fresh, "", 21, "victim")
+		if fault {
+			if code != ua.StatusBadTooManySessions {
+				t.Errorf("anonymous-full-refuses: another peer's fresh client %v, want BadTooManySessions", code)
+			}
+			continue
+		}
+		if code != ua.StatusOK {
+			t.Fatalf("another peer's fresh client at a share full of one peer's busy sessions: %v", code)
+		}
+		if !flood[2].Closed() || flood[0].Closed() || flood[1].Closed() || flood[3].Closed() {
+			t.Error("not the flooding peer's idlest session was closed")
+		}
+		// the victim's peer (1) still holds fewer than the attacker (3)
+		second := m.Create("fresh", time.Hour, now)
+		if code := activateFrom(second, "", 22, "victim"); code != ua.StatusOK {
+			t.Fatalf("a second fresh client of the peer holding fewer: %v", code)
+		}
+		// 2 against 2: the victim's peer now waits for YieldIdle too
+		if code := activateFrom(m.Create("fresh", time.Hour, now), "", 23, "victim"); code != ua.StatusBadTooManySessions {
+			t.Errorf("a peer holding as many as any other, beside busy sessions: %v, want BadTooManySessions", code)
+		}
+		if fresh.Closed() || second.Closed() {
+			t.Error("a session of the peer holding fewer was closed")
+		}
+		if c := m.Counts(); c.AnonymousYielded != 2 {
+			t.Errorf("counts %+v: want 2 yielded", c)
 		}
 	}
 }
