@@ -400,8 +400,10 @@ type Config struct {
 	MaxAnonymousSessions int
 	// AnonymousYieldIdle is how long an anonymous session on a live
 	// channel must have gone without a request to yield its place to a
-	// fresh anonymous activation at MaxAnonymousSessions (0:
-	// session.DefaultYieldIdle, 2 s).
+	// fresh anonymous activation at MaxAnonymousSessions from a peer
+	// address holding as many anonymous sessions as its own (0:
+	// session.DefaultYieldIdle, 2 s); from a peer holding fewer, the
+	// idlest session of the peer holding the most yields at once.
 	AnonymousYieldIdle time.Duration
 	// NoServiceTimeNodes removes the Slow.<ms> and Busy.<µs> nodes, which
 	// let any client pin the workers (for deployments that must not offer

@@ -279,7 +279,10 @@
 // activated session makes room. At MaxUnactivatedSessions the oldest
 // unactivated session makes room; anonymous sessions hold at most
 // MaxAnonymousSessions, and orphaned ones (their channel closed) make room
-// at MaxSessions. Transient accept errors (EMFILE) are backed off; Serve
+// at MaxSessions. At MaxAnonymousSessions an anonymous activation closes an
+// orphan, else the idlest session of the peer address holding the most
+// anonymous sessions: at once for a peer holding fewer, after
+// AnonymousYieldIdle without a request for one holding as many. Transient accept errors (EMFILE) are backed off; Serve
 // returns within ShutdownTimeout of its context ending (ErrShutdownTimeout
 // if work was still running). The faults crash-on-decode, unbounded-idle
 // and the resource-exhaustion faults (no-byte-budget ... parked-publish-whole)
