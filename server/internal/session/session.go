@@ -109,8 +109,8 @@ func (s *Session) ServerNonce() []byte {
 // Activate marks the session active for user ("" for anonymous) on the
 // secure channel channelID of the peer address peer, if nonce (the
 // ServerNonce the caller checked the identity against) is still the
-// session's server nonce, and issues and returns the next server nonce. On refusal it returns the status and
-// why, and changes nothing: BadIdentityTokenInvalid when another activation
+// session's server nonce, and issues and returns the next server nonce.
+// On refusal it returns the status and why, and changes nothing: BadIdentityTokenInvalid when another activation
 // replaced the nonce in between, BadSessionIDInvalid when the session was
 // closed meanwhile; under Limits.AnonymousRefuse, BadTooManySessions when
 // the session would become anonymous beyond the manager's anonymous share
