@@ -532,7 +532,7 @@ func deepLoad(r *scenario.Run, fit target.Fit) load.Profile {
 // target without them is skipped.
 func refill(cond toxics.Condition) scenario.Scenario {
 	s := scenario.Scenario{
-		Property: property, Name: "refill", Condition: cond, Requires: []string{"service-time"},
+		Property: property, Name: "refill", Condition: cond, Requires: []target.Capability{target.CapabilityServiceTime},
 		Checks: refillChecks(),
 	}
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {

@@ -632,7 +632,7 @@ func goodputUnjudged(waited, s time.Duration) check.Spec {
 func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, scheduled bool, exp *gmeasure.Experiment) scenario.Scenario {
 	sl := newStormLoad(h.Setup.Target, h.Setup.Probe.Reported(maxNodesPerReadName))
 	s := scenario.Scenario{
-		Property: property, Name: "storm", Condition: cond, Requires: []string{"cancel"},
+		Property: property, Name: "storm", Condition: cond, Requires: []target.Capability{target.CapabilityCancel},
 		// The counts, planned before the load: a run that ends before
 		// its judgement (its timeout, an interrupt) saves its history
 		// judged by them. The others are known once the phases ran
