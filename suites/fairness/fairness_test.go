@@ -278,9 +278,9 @@ func runShare(name string, sh shape, tl timeline, owners []owner, checks func(ti
 				_, _ = sat.Stop() // an early return's; its error is the return's
 			}
 		}()
-		var nodes []string
+		var nodes []history.DiagnosticsNode
 		for _, o := range owners {
-			nodes = append(nodes, "Owner."+o.user+".Queued", "Owner."+o.user+".Emptied", "Owner."+o.user+".Dispatched")
+			nodes = append(nodes, history.OwnerNode(o.user, history.OwnerQueued), history.OwnerNode(o.user, history.OwnerEmptied), history.OwnerNode(o.user, history.OwnerDispatched))
 		}
 		sampler := watch.SampleDiagnostics(ctx, e, rec, sampleEvery, nodes...)
 		st, err := load.Run(ctx, rec, p)
@@ -429,11 +429,11 @@ func assumptions(name string, cond toxics.Condition, sh shape, tl timeline, owne
 	for _, o := range owners {
 		out = append(out,
 			check.AssumeServer(name+"-backlog-"+o, check.ReadingsConfig{
-				Span: tl.judged(), Reading: history.ReadingName("diag.Owner." + o + ".Queued"), Stat: check.StatMedian, Min: check.Bound(minServerBacklog),
+				Span: tl.judged(), Reading: history.OwnerNode(o, history.OwnerQueued).Reading(), Stat: check.StatMedian, Min: check.Bound(minServerBacklog),
 				What: "median requests of owner " + o + " queued at the server",
 			}),
 			check.AssumeServer(name+"-dry-"+o, check.ReadingsConfig{
-				Span: tl.judged(), Reading: history.ReadingName("diag.Owner." + o + ".Emptied"), Stat: check.StatDelta, Ratio: history.ReadingName("diag.Owner." + o + ".Dispatched"), Max: check.Bound(maxDryRate),
+				Span: tl.judged(), Reading: history.OwnerNode(o, history.OwnerEmptied).Reading(), Stat: check.StatDelta, Ratio: history.OwnerNode(o, history.OwnerDispatched).Reading(), Max: check.Bound(maxDryRate),
 				What: "times owner " + o + "'s queue ran dry at the server per request dispatched",
 			}))
 	}
