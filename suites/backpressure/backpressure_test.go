@@ -190,9 +190,9 @@ func maxStall(cond toxics.Condition) time.Duration {
 
 // diagnosticNodes are the reference server's backpressure counters (ns=1),
 // reported where the target serves them.
-var diagnosticNodes = []string{
-	"Channel.BackpressurePauses", "Channel.MaxPendingResponses", "Channel.PendingResponses",
-	"Channel.LowestResume", "Queue.Depth", "Counter.TooBusy",
+var diagnosticNodes = []history.DiagnosticsNode{
+	history.NodePauses, history.NodeMaxPending, history.NodePending,
+	history.NodeLowestResume, history.NodeQueueDepth, history.NodeTooBusy,
 }
 
 // settle lets the monitor watch the server for drainSettle after the load
@@ -266,7 +266,7 @@ func diagnostics(ctx context.Context, r *scenario.Run, prefix string) {
 	for n, v := range got {
 		figs[prefix+n] = v
 	}
-	watch.RecordReadings(rec, figs, prefix, "Channel.MaxPendingResponses", "Channel.BackpressurePauses", "Channel.LowestResume")
+	watch.RecordReadings(rec, figs, prefix, history.NodeMaxPending, history.NodePauses, history.NodeLowestResume)
 }
 
 // diagnosticsTimeout bounds the read of the server's counters after the
@@ -532,7 +532,7 @@ func deepLoad(r *scenario.Run, fit target.Fit) load.Profile {
 // target without them is skipped.
 func refill(cond toxics.Condition) scenario.Scenario {
 	s := scenario.Scenario{
-		Property: property, Name: "refill", Condition: cond, Requires: []string{"service-time"},
+		Property: property, Name: "refill", Condition: cond, Requires: []target.Capability{target.CapabilityServiceTime},
 		Checks: refillChecks(),
 	}
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
@@ -585,7 +585,7 @@ func slowReader(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenar
 		defer func() { err = errors.Join(err, in.Undo(ctx)) }() // a no-op once removed below
 		// the server's pending responses while the reader is
 		// throttled: between the marks (where it reports them)
-		pending := watch.SampleDiagnostics(ctx, e, rec, 100*time.Millisecond, "Channel.PendingResponses")
+		pending := watch.SampleDiagnostics(ctx, e, rec, 100*time.Millisecond, history.NodePending)
 
 		rec.Mark(fmt.Sprintf("pipelining %d Reads on one session for %s", slowDepth, throttleFor), "")
 		p := load.Profile{

@@ -78,7 +78,8 @@ var referenceStorm = map[string]string{"OPCUA_WORKERS": "2", "OPCUA_QUEUE_SIZE":
 
 // stormDiagnostics are the reference server's queue counters (ns=1),
 // reported where the target serves them.
-var stormDiagnostics = []string{"Counter.Cancelled", "Counter.TooBusy", "Queue.Depth", "Queue.Slots", "Queue.Cancelled", "Queue.Dispatched"}
+var stormDiagnostics = []history.DiagnosticsNode{history.NodeCancelled, history.NodeTooBusy, history.NodeQueueDepth,
+	history.NodeQueueSlots, history.NodeQueueCancelled, history.NodeQueueDispatched}
 
 // canceller is one storm session: which stage of a request's life its
 // Cancels aim at, and every how many requests it cancels.
@@ -632,7 +633,7 @@ func goodputUnjudged(waited, s time.Duration) check.Spec {
 func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, scheduled bool, exp *gmeasure.Experiment) scenario.Scenario {
 	sl := newStormLoad(h.Setup.Target, h.Setup.Probe.Reported(maxNodesPerReadName))
 	s := scenario.Scenario{
-		Property: property, Name: "storm", Condition: cond, Requires: []string{"cancel"},
+		Property: property, Name: "storm", Condition: cond, Requires: []target.Capability{target.CapabilityCancel},
 		// The counts, planned before the load: a run that ends before
 		// its judgement (its timeout, an interrupt) saves its history
 		// judged by them. The others are known once the phases ran
@@ -985,10 +986,10 @@ func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmea
 	var dispatched map[string]history.ReadingName
 	readDispatched := func(context.Context) error { return nil }
 	if diag != nil {
-		node := "Owner." + backlog.owner + ".Dispatched"
-		dispatched = map[string]history.ReadingName{backlog.name: history.ReadingDiagnostics + history.ReadingName(node)}
+		node := history.OwnerNode(backlog.owner, history.OwnerDispatched)
+		dispatched = map[string]history.ReadingName{backlog.name: node.Reading()}
 		readDispatched = func(ctx context.Context) error {
-			v, err := uaclient.ReadValue(ctx, diag, ua.NewStringNodeID(1, node))
+			v, err := uaclient.ReadValue(ctx, diag, ua.NewStringNodeID(1, string(node)))
 			if err != nil {
 				return fmt.Errorf("read ns=1;s=%s: %w", node, err)
 			}

@@ -117,7 +117,7 @@ type shape struct {
 	cpuBound bool
 	// requires are the capabilities the request needs of the target
 	// ("service-time" for the test nodes).
-	requires []string
+	requires []target.Capability
 	// standard is the shape to run instead on a target without the
 	// test nodes (nil: none, the spec skips naming the nodes).
 	standard *shape
@@ -153,7 +153,7 @@ var (
 	// and the proxy are not (at 200 µs they are, on 2 cores).
 	// Ignored weights (unweighted) show in either shape.
 	cpuBound = shape{name: "cpu-bound", request: load.BusyRead(time.Millisecond), cpuBound: true,
-		requires: []string{"service-time"}, standard: &standardCPU,
+		requires: []target.Capability{target.CapabilityServiceTime}, standard: &standardCPU,
 		catches: []catalog.Fault{catalog.FaultUnweighted}}
 	// standardCPU is cpuBound on a target without Busy: Reads of
 	// standardItems scalar values of the Server object's ServerStatus
@@ -173,7 +173,7 @@ var (
 	// rate would saturate the machine's two cores before the server
 	// (turn-stall skews heavy/light to 2.05–2.22; the CPU-bound spec does
 	// not see it, its 1 ms requests dwarf the 1 ms stall).
-	workerBound = shape{name: "worker-bound", request: load.SlowRead(2 * time.Millisecond), requires: []string{"service-time"},
+	workerBound = shape{name: "worker-bound", request: load.SlowRead(2 * time.Millisecond), requires: []target.Capability{target.CapabilityServiceTime},
 		catches: []catalog.Fault{catalog.FaultUnweighted, catalog.FaultTurnStall}}
 )
 
@@ -278,9 +278,9 @@ func runShare(name string, sh shape, tl timeline, owners []owner, checks func(ti
 				_, _ = sat.Stop() // an early return's; its error is the return's
 			}
 		}()
-		var nodes []string
+		var nodes []history.DiagnosticsNode
 		for _, o := range owners {
-			nodes = append(nodes, "Owner."+o.user+".Queued", "Owner."+o.user+".Emptied", "Owner."+o.user+".Dispatched")
+			nodes = append(nodes, history.OwnerNode(o.user, history.OwnerQueued), history.OwnerNode(o.user, history.OwnerEmptied), history.OwnerNode(o.user, history.OwnerDispatched))
 		}
 		sampler := watch.SampleDiagnostics(ctx, e, rec, sampleEvery, nodes...)
 		st, err := load.Run(ctx, rec, p)
@@ -358,7 +358,7 @@ func calibrated(x machine.Extension, sat *watch.Saturator, mq *scenario.MeasureQ
 // share is the scenario of a share run named name under cond: the checks
 // of tl planned, the workload runShare (with tl's nemesis schedule, if
 // any), on a target with caps.
-func share(name string, cond toxics.Condition, sh shape, tl timeline, owners []owner, checks func(timeline) []check.Spec, caps ...string) scenario.Scenario {
+func share(name string, cond toxics.Condition, sh shape, tl timeline, owners []owner, checks func(timeline) []check.Spec, caps ...target.Capability) scenario.Scenario {
 	s := scenario.Scenario{
 		Property: property, Name: name, Condition: cond, Requires: append(caps, sh.requires...),
 		Labels: map[string]string{"nodes": sh.nodes()},
@@ -429,11 +429,11 @@ func assumptions(name string, cond toxics.Condition, sh shape, tl timeline, owne
 	for _, o := range owners {
 		out = append(out,
 			check.AssumeServer(name+"-backlog-"+o, check.ReadingsConfig{
-				Span: tl.judged(), Reading: history.ReadingName("diag.Owner." + o + ".Queued"), Stat: check.StatMedian, Min: check.Bound(minServerBacklog),
+				Span: tl.judged(), Reading: history.OwnerNode(o, history.OwnerQueued).Reading(), Stat: check.StatMedian, Min: check.Bound(minServerBacklog),
 				What: "median requests of owner " + o + " queued at the server",
 			}),
 			check.AssumeServer(name+"-dry-"+o, check.ReadingsConfig{
-				Span: tl.judged(), Reading: history.ReadingName("diag.Owner." + o + ".Emptied"), Stat: check.StatDelta, Ratio: history.ReadingName("diag.Owner." + o + ".Dispatched"), Max: check.Bound(maxDryRate),
+				Span: tl.judged(), Reading: history.OwnerNode(o, history.OwnerEmptied).Reading(), Stat: check.StatDelta, Ratio: history.OwnerNode(o, history.OwnerDispatched).Reading(), Max: check.Bound(maxDryRate),
 				What: "times owner " + o + "'s queue ran dry at the server per request dispatched",
 			}))
 	}
@@ -492,7 +492,7 @@ func weighted(cond toxics.Condition, sh shape, tl timeline) scenario.Scenario {
 	return share(name, cond, sh, tl, []owner{
 		{heavy.Name, heavy.Password, 4},
 		{light.Name, light.Password, 4},
-	}, checks, "weights", "users")
+	}, checks, target.CapabilityWeights, target.CapabilityUsers)
 }
 
 // weightedCI is the weighted scenario of sh under a condition, over the
@@ -522,7 +522,7 @@ func isolation(cond toxics.Condition, flood, victim target.User) scenario.Scenar
 	return share("isolation", cond, cpuBound, ciRun, []owner{
 		{flood.Name, flood.Password, 8},
 		{victim.Name, victim.Password, 2},
-	}, checks, "users")
+	}, checks, target.CapabilityUsers)
 }
 
 func b2f(b bool) float64 {

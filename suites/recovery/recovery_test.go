@@ -295,7 +295,7 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 	servesAgain := check.Spec{Name: "serves-again", Config: check.ServesAgainConfig{Faults: []string{faultKill}, Kinds: []history.Kind{history.KindRead}, MaxDelay: maxServe}}
 	s := scenario.Scenario{
 		Property: property, Name: "partition-transfer-kill", Condition: cond,
-		Requires: []string{"cpu-limit"},
+		Requires: []target.Capability{target.CapabilityCPULimit},
 		Server:   serverSettings(),
 		Checks:   []check.Spec{reactivation, keepAliveCheck, sequence, servesAgain},
 	}

@@ -120,7 +120,7 @@ type stream struct {
 func streamOf(p target.Profile) (stream, error) {
 	pattern, isCounter, ok := p.Sampled()
 	if !ok {
-		return stream{}, fmt.Errorf("target %s has nothing to sample: %s", p.Name, p.Requires("sampling"))
+		return stream{}, fmt.Errorf("target %s has nothing to sample: %s", p.Name, p.Requires(target.CapabilitySampling))
 	}
 	first, err := target.NodeOf(pattern, 0)
 	if err != nil {
@@ -165,7 +165,7 @@ func nemesisSchedule(runFor time.Duration, profile func(ctx context.Context, at 
 		}}
 	}
 	s := scenario.Scenario{
-		Property: property, Name: "nemesis", Condition: toxics.Scheduled, Requires: []string{"sampling"},
+		Property: property, Name: "nemesis", Condition: toxics.Scheduled, Requires: []target.Capability{target.CapabilitySampling},
 		Schedule: runFor - 5*time.Second,
 		Labels:   map[string]string{"items": fmt.Sprint(items)},
 		Checks: []check.Spec{
@@ -262,7 +262,7 @@ func delivers(items int) func(toxics.Condition) scenario.Scenario {
 	return func(cond toxics.Condition) scenario.Scenario {
 		span := check.Span{From: warmup, To: warmup + judged, Count: 5}
 		s := scenario.Scenario{
-			Property: property, Name: fmt.Sprintf("items-%d", items), Condition: cond, Requires: []string{"sampling"},
+			Property: property, Name: fmt.Sprintf("items-%d", items), Condition: cond, Requires: []target.Capability{target.CapabilitySampling},
 			Labels: map[string]string{"items": fmt.Sprint(items)},
 			Checks: samplingChecks(items, span, check.ByCounter),
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/secure"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
@@ -447,7 +448,7 @@ func cpuLimit(exp *gmeasure.Experiment) scenario.Scenario {
 	const nanoCPUs = 250_000_000
 	s := scenario.Scenario{
 		Property: property, Name: "cpu", Condition: toxics.Condition{Name: "cpu"},
-		Requires: []string{"cpu-limit", "service-time"},
+		Requires: []target.Capability{target.CapabilityCPULimit, target.CapabilityServiceTime},
 		Checks: []check.Spec{
 			{Name: "cpu-limit", Config: check.ReadingsConfig{
 				Reading: readingNanoCPUs, Min: check.Bound(nanoCPUs), Max: check.Bound(nanoCPUs), Required: true, Count: true,

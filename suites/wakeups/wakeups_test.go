@@ -278,7 +278,7 @@ func headOfLine(cond toxics.Condition) scenario.Scenario {
 			load.Session{Name: "fast", Outstanding: 4})
 		return drive(ctx, r, "", p)
 	})
-	s.Requires = []string{"service-time"}
+	s.Requires = []target.Capability{target.CapabilityServiceTime}
 	return s
 }
 
