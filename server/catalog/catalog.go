@@ -324,6 +324,10 @@ type FaultRow struct {
 	// wording, strict about the subject. Empty: any named checker catches
 	// the fault.
 	Defect string
+	// Attack, when set, names the exhaustion attack (attack.Attack.Name)
+	// whose protection the switch undoes: the specs that run the attack
+	// are aimed at the fault (attack.Attack.Fault).
+	Attack string
 	// MinSoak is the shortest soak (the suites' SOAK setting) in which the
 	// specs aimed at the fault can catch it, 0 when any run of them can.
 	MinSoak time.Duration
@@ -570,43 +574,50 @@ func Faults() []FaultRow {
 		},
 		{
 			Fault:  FaultNoByteBudget,
+			Attack: "queue/bomb-behind-busy",
 			Bug:    "no memory budget: queued requests, unfinished chunks, item queues and session strings bounded by count only",
 			Defect: `(memory|died).*(queue/|chunk/|strings/|monitored-items/|login/)`,
 			Specs:  "resource exhaustion (`survival`: `the server died during attack queue/bomb-behind-busy: … OOM killed`)",
 		},
 		{
 			Fault:  FaultLoginHoldsRequests,
+			Attack: "login/held-huge-secrets",
 			Bug:    "a throttled ActivateSession is held with its whole request (its 1.9 MB secret), no cap per peer, its timer outlives the channel",
 			Defect: `login/held-huge-secrets`,
 			Specs:  "resource exhaustion (`survival`: `the server died during attack login/held-huge-secrets: … OOM killed`)",
 		},
 		{
 			Fault:  FaultChunksPerChannelOnly,
+			Attack: "chunk/held-across-conns",
 			Bug:    "unfinished chunks bounded per channel only",
 			Defect: `chunk/held-across-conns`,
 			Specs:  "resource exhaustion (`survival`: `… during attack chunk/held-across-conns: … OOM killed`)",
 		},
 		{
 			Fault:  FaultItemQueuesUnbounded,
+			Attack: "monitored-items/queue-bomb",
 			Bug:    "monitored-item queue sizes granted up to 10 000 and allocated in full at creation",
 			Defect: `monitored-items/queue-bomb`,
 			Specs:  "resource exhaustion (`survival`: `… during attack monitored-items/queue-bomb: … OOM killed`)",
 		},
 		{
 			Fault:  FaultLongSessionStrings,
+			Attack: "strings/long-session-names",
 			Bug:    "session names and endpoint URLs kept whole, not charged",
 			Defect: `strings/long-session-names`,
 			Specs:  "resource exhaustion (`memory-peak`: `strings/long-session-names: peak 876 MiB over the bound 640 MiB`)",
 		},
 		{
 			Fault:  FaultIdleAfterOpen,
+			Attack: "idle/after-open",
 			Bug:    "a channel that never activates a session stays open, its token lifetime is not enforced, and at the connection limit new clients are refused",
 			Defect: `lockout.*idle/after-open`,
 			Specs:  "resource exhaustion (`lockout`: `idle/after-open: no fresh client could log in for 7.0 s (hello: BadMaxConnectionsReached ×8)`)",
 		},
 		{
-			Fault: FaultSessionsOutliveChannels,
-			Bug:   "anonymous sessions take the whole table and outlive their channels for their hour-long timeout",
+			Fault:  FaultSessionsOutliveChannels,
+			Attack: "session-flood/activated",
+			Bug:    "anonymous sessions take the whole table and outlive their channels for their hour-long timeout",
 			// the sessions of closed channels fill the table in the first
 			// attack that leaves any (the long session names, the flood):
 			// fresh clients are refused a session there
@@ -615,31 +626,36 @@ func Faults() []FaultRow {
 		},
 		{
 			Fault:  FaultUnactivatedRefuse,
+			Attack: "session-flood/unactivated-refill",
 			Bug:    "at the unactivated limit CreateSession is refused instead of closing the oldest unactivated session",
 			Defect: `lockout: .*create: BadTooManySessions`,
 			Specs:  "resource exhaustion (`lockout`: `strings/long-session-names: no fresh client could log in for 13.0 s (create: BadTooManySessions ×14)`: the long-names attack's unactivated sessions fill the table first)",
 		},
 		{
 			Fault:  FaultRSABlocksUnbounded,
+			Attack: "amplifier/rsa-blocks",
 			Bug:    "an encrypted password of any number of RSA blocks is decrypted",
 			Defect: `amplifier/rsa-blocks`,
 			Specs:  "resource exhaustion (`amplification`: `amplifier/rsa-blocks: the server spent 4.5 s of CPU per hostile message (4 messages, 17.8 s of CPU; at most 1s each)`)",
 		},
 		{
 			Fault:  FaultThrottlePairOnly,
+			Attack: "guess/many-users",
 			Bug:    "failed logins throttled per peer and user only: a fresh user name every 3 tries guesses at full speed",
 			Defect: `guess/many-users`,
 			Specs:  "resource exhaustion (`guess-rate`: `guess/many-users: 631.1 failed logins per second after the first 10 …: password guesses not throttled`)",
 		},
 		{
 			Fault:  FaultOnceActivatedSpared,
+			Attack: "idle/after-closed-session",
 			Bug:    "a connection that once activated a session is spared by eviction at the connection limit and by the idle timeout for good, after its sessions were closed",
 			Defect: `lockout.*idle/after-closed-session`,
 			Specs:  "resource exhaustion (`lockout`: `idle/after-closed-session: no fresh client could log in …`)",
 		},
 		{
-			Fault: FaultAnonymousFullRefuses,
-			Bug:   "at the anonymous share an anonymous activation is refused unless an orphaned anonymous session makes room: anonymous sessions on live channels never yield (the reference server closes the idlest session of the peer address holding the most anonymous sessions: at once for an activation from a peer holding fewer, after 2 s without a request, `Config.AnonymousYieldIdle`, for one holding as many)",
+			Fault:  FaultAnonymousFullRefuses,
+			Attack: "session-flood/anonymous-live",
+			Bug:    "at the anonymous share an anonymous activation is refused unless an orphaned anonymous session makes room: anonymous sessions on live channels never yield (the reference server closes the idlest session of the peer address holding the most anonymous sessions: at once for an activation from a peer holding fewer, after 2 s without a request, `Config.AnonymousYieldIdle`, for one holding as many)",
 			// anonymous sessions on live channels fill the anonymous share
 			// in the first attack that holds many (the long session names,
 			// the live flood): the fresh anonymous client is refused its
@@ -649,54 +665,63 @@ func Faults() []FaultRow {
 		},
 		{
 			Fault:  FaultGuessesAcrossAddresses,
+			Attack: "guess/one-user-many-peers",
 			Bug:    "the login throttle's user key only delays each attempt by up to 1 s, however many are in flight from however many addresses, instead of a server-wide budget of 4 failed logins a second per user (an address the user logged in from is spared it)",
 			Defect: `guess/one-user-many-peers`,
 			Specs:  "resource exhaustion (`guess-rate-one-user`: `guess/one-user-many-peers: … failed logins per second …`; black-box the harness has two peer addresses, the proxy's and its own, and each address's own key still holds its guesses; in-process `TestGuessBudgetAcrossAddresses` shows the fault from 8 addresses)",
 		},
 		{
 			Fault:  FaultClaimedURITrusted,
+			Attack: "theft/claimed-uri",
 			Bug:    "the ApplicationUri of CreateSession is not checked against the client certificate (BadCertificateUriInvalid) and an anonymous subscription moves to any secured anonymous session that claims the same ApplicationUri, whatever its certificate",
 			Defect: `theft: FAIL: theft/claimed-uri`,
 			Specs:  "resource exhaustion (`theft`: `theft/claimed-uri: N notification(s) of subscription S, created by victim-…, delivered to attacker-…`)",
 		},
 		{
 			Fault:  FaultResponsesUnbudgeted,
+			Attack: "responses/unread-browse",
 			Bug:    "responses waiting in a channel's send queue kept decoded and uncharged, only their count stops the reader, no write deadline: a client that pipelines Browses answered many times their size and never reads holds the server's memory",
 			Defect: `responses/unread-browse`,
 			Specs:  "resource exhaustion (`memory-peak`: `responses/unread-browse: peak 1006 MiB over the bound 640 MiB`; the protected server peaked at 471 MiB in that window, 16 ms of CPU per message)",
 		},
 		{
 			Fault:  FaultParkedPublishWhole,
+			Attack: "publish/parked-acks",
 			Bug:    "a parked Publish keeps its whole decoded request (every acknowledgement) and is charged nowhere: parked Publishes bounded by count only",
 			Defect: `publish/parked-acks`,
 			Specs:  "resource exhaustion (`memory-peak`: `publish/parked-acks: peak 812 MiB over the bound 640 MiB`)",
 		},
 		{
 			Fault:  FaultLongNodeIDsKept,
+			Attack: "monitored-items/long-nodeids",
 			Bug:    "NodeIds of any length resolved and kept (no 4096-byte limit, BadNodeIdInvalid), a monitored item charged its queue only, and every sample takes the name from the NodeId again (a copy of it): the diagnostic pattern `Owner.<owner>.<counter>` resolves any name",
 			Defect: `monitored-items/long-nodeids`,
 			Specs:  "resource exhaustion (`memory-peak`: `monitored-items/long-nodeids: peak 1024 MiB over the bound 640 MiB`). In-process: `TestLongNodeIDsRefused`, `TestSampleResolvedOnce`",
 		},
 		{
 			Fault:  FaultOPNBlocksUnbounded,
+			Attack: "amplifier/opn-blocks",
 			Bug:    "every RSA block of a secured OpenSecureChannel is decrypted (its signature is inside the encrypted plaintext), however many, from any address as often as it sends them: no 16-block bound, no per-address budget of RSA work for OpenSecureChannel",
 			Defect: `amplifier/opn-blocks`,
 			Specs:  "resource exhaustion (`amplification-cpu`: `amplifier/opn-blocks: the server spent 0.2 s of CPU per hostile message …`, at most 50 ms). In-process: `TestOPNBlocksBounded` (a 61 KB OPN refused in 3 ms; 533 ms to open under the fault, -race), `TestOPNPerPeerBudget`",
 		},
 		{
 			Fault:  FaultRetransmitUnbudgeted,
+			Attack: "retransmit/never-acked",
 			Bug:    "notification messages kept for Republish are bounded by count only (256 a subscription) and charged nowhere, instead of charged by their estimated size to the budget's `retransmit` class (⅛ of it, a session at most ¼ of that; the oldest dropped beyond, Republish of one answers BadMessageNotAvailable)",
 			Defect: `retransmit/never-acked`,
 			Specs:  "resource exhaustion (`memory-peak`: `retransmit/never-acked: peak 741 MiB over the bound 640 MiB`: one session, 30 fast subscriptions, Publishes never acknowledged)",
 		},
 		{
 			Fault:  FaultSubscriptionsUnbounded,
+			Attack: "subscriptions/many-fast",
 			Bug:    "no server-wide subscription limit (10 000, `Config.MaxSubscriptions`), no server-wide publishing rate (100 000 cycles a second of all subscriptions: 1000 at 10 ms; BadTooManySubscriptions beyond either) and no 10 ms minimum publishing interval (`Config.MinPublishingInterval`): only the 1000 a session, publishing every 1 ms",
 			Defect: `subscriptions/many-fast`,
 			Specs:  "resource exhaustion (`lockout`: `subscriptions/many-fast: no fresh client could log in for 11.0 s …`: many anonymous sessions each asking for 1000 subscriptions at 1 ms)",
 		},
 		{
 			Fault:  FaultAnonymousSubscriptionsUnshared,
+			Attack: "subscriptions/anonymous-fill",
 			Bug:    "anonymous sessions may take the whole server-wide subscription limit and publishing rate, instead of at most their share (½, `Config.AnonymousSubscriptionShare`, `OPCUA_ANONYMOUS_SUBSCRIPTION_SHARE`; a subscription keeps the class it was charged to across ModifySubscription and TransferSubscriptions): a few anonymous sessions holding every subscription leave a user who logs in none (BadTooManySubscriptions)",
 			Defect: `subscription-lockout: FAIL: subscriptions/anonymous-fill`,
 			Specs:  "resource exhaustion (`subscription-lockout`: `subscriptions/anonymous-fill: user \"user1\" was refused a subscription (BadTooManySubscriptions) at 2m13.908s while anonymous sessions held the 10000 they were granted; it got one at rest`: anonymous sessions pipeline CreateSubscription past the server's limit at a 60 s interval, then the user logs in and asks for one). In-process: `TestAnonymousSubscriptionShare`, `TestAnonymousPublishRateShare`",

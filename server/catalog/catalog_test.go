@@ -39,8 +39,8 @@ func declared(t *testing.T, typ string) []string {
 }
 
 // TestEveryFaultHasOneRow: every Fault constant has one row, every row
-// one constant, and no two faults share a name; each row says its bug and
-// the specs aimed at it, and its defect pattern compiles.
+// one constant, and no two faults share a name or an attack; each row says
+// its bug and the specs aimed at it, and its defect pattern compiles.
 func TestEveryFaultHasOneRow(t *testing.T) {
 	consts := declared(t, "Fault")
 	rows := Faults()
@@ -48,16 +48,22 @@ func TestEveryFaultHasOneRow(t *testing.T) {
 		t.Errorf("%d Fault constants declared, Faults has %d rows", len(consts), len(rows))
 	}
 	seen := map[Fault]bool{}
+	attacks := map[string]Fault{}
 	for _, r := range rows {
 		switch {
 		case r.Fault == "" || seen[r.Fault]:
 			t.Errorf("fault %q empty or listed twice", r.Fault)
+		case r.Attack != "" && attacks[r.Attack] != "":
+			t.Errorf("faults %s and %s both name attack %s: its specs are aimed at one switch", attacks[r.Attack], r.Fault, r.Attack)
 		case !slices.Contains(consts, string(r.Fault)):
 			t.Errorf("fault %q has a row but no constant", r.Fault)
 		case r.Bug == "" || r.Specs == "":
 			t.Errorf("fault %s: row without its bug or its specs", r.Fault)
 		}
 		seen[r.Fault] = true
+		if r.Attack != "" {
+			attacks[r.Attack] = r.Fault
+		}
 		if _, err := regexp.Compile(`(?i)` + r.Defect); err != nil {
 			t.Errorf("fault %s: defect pattern: %v", r.Fault, err)
 		}
