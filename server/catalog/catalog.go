@@ -6,7 +6,10 @@
 // from it (FaultTable, QuirkTable).
 package catalog
 
-import "time"
+import (
+	"regexp"
+	"time"
+)
 
 // Fault names one deliberate bug the server can switch on (OPCUA_FAULTS), so
 // the suites can show that they catch it.
@@ -321,8 +324,9 @@ type FaultRow struct {
 	// expression) that the first line of every failed spec aimed at the
 	// fault must match: the words a reader needs to go to the defect (a
 	// sampler running late is "drift", not only "below 99 %"). Loose about
-	// wording, strict about the subject. Empty: any named checker catches
-	// the fault.
+	// wording, strict about the subject. Empty: the name of its Attack,
+	// if it has one, else any named checker catches the fault
+	// (DefectPattern).
 	Defect string
 	// Attack, when set, names the exhaustion attack (attack.Attack.Name)
 	// whose protection the switch undoes: the specs that run the attack
@@ -335,6 +339,17 @@ type FaultRow struct {
 	// failure reads (Markdown). The specs carry the label themselves
 	// (spec.Catches); `make faults` proves they catch the fault.
 	Specs string
+}
+
+// DefectPattern returns the pattern the first line of every failed spec
+// aimed at the fault must match: its Defect, else the name of its Attack
+// (an exhaustion checker's failure names the attack's window), else ""
+// (any named checker catches it).
+func (r FaultRow) DefectPattern() string {
+	if r.Defect == "" && r.Attack != "" {
+		return regexp.QuoteMeta(r.Attack)
+	}
+	return r.Defect
 }
 
 // Faults returns the catalog's fault rows, one per switch, in the order
@@ -583,28 +598,24 @@ func Faults() []FaultRow {
 			Fault:  FaultLoginHoldsRequests,
 			Attack: "login/held-huge-secrets",
 			Bug:    "a throttled ActivateSession is held with its whole request (its 1.9 MB secret), no cap per peer, its timer outlives the channel",
-			Defect: `login/held-huge-secrets`,
 			Specs:  "resource exhaustion (`survival`: `the server died during attack login/held-huge-secrets: … OOM killed`)",
 		},
 		{
 			Fault:  FaultChunksPerChannelOnly,
 			Attack: "chunk/held-across-conns",
 			Bug:    "unfinished chunks bounded per channel only",
-			Defect: `chunk/held-across-conns`,
 			Specs:  "resource exhaustion (`survival`: `… during attack chunk/held-across-conns: … OOM killed`)",
 		},
 		{
 			Fault:  FaultItemQueuesUnbounded,
 			Attack: "monitored-items/queue-bomb",
 			Bug:    "monitored-item queue sizes granted up to 10 000 and allocated in full at creation",
-			Defect: `monitored-items/queue-bomb`,
 			Specs:  "resource exhaustion (`survival`: `… during attack monitored-items/queue-bomb: … OOM killed`)",
 		},
 		{
 			Fault:  FaultLongSessionStrings,
 			Attack: "strings/long-session-names",
 			Bug:    "session names and endpoint URLs kept whole, not charged",
-			Defect: `strings/long-session-names`,
 			Specs:  "resource exhaustion (`memory-peak`: `strings/long-session-names: peak 876 MiB over the bound 640 MiB`)",
 		},
 		{
@@ -635,14 +646,12 @@ func Faults() []FaultRow {
 			Fault:  FaultRSABlocksUnbounded,
 			Attack: "amplifier/rsa-blocks",
 			Bug:    "an encrypted password of any number of RSA blocks is decrypted",
-			Defect: `amplifier/rsa-blocks`,
 			Specs:  "resource exhaustion (`amplification`: `amplifier/rsa-blocks: the server spent 4.5 s of CPU per hostile message (4 messages, 17.8 s of CPU; at most 1s each)`)",
 		},
 		{
 			Fault:  FaultThrottlePairOnly,
 			Attack: "guess/many-users",
 			Bug:    "failed logins throttled per peer and user only: a fresh user name every 3 tries guesses at full speed",
-			Defect: `guess/many-users`,
 			Specs:  "resource exhaustion (`guess-rate`: `guess/many-users: 631.1 failed logins per second after the first 10 …: password guesses not throttled`)",
 		},
 		{
@@ -667,7 +676,6 @@ func Faults() []FaultRow {
 			Fault:  FaultGuessesAcrossAddresses,
 			Attack: "guess/one-user-many-peers",
 			Bug:    "the login throttle's user key only delays each attempt by up to 1 s, however many are in flight from however many addresses, instead of a server-wide budget of 4 failed logins a second per user (an address the user logged in from is spared it)",
-			Defect: `guess/one-user-many-peers`,
 			Specs:  "resource exhaustion (`guess-rate-one-user`: `guess/one-user-many-peers: … failed logins per second …`; black-box the harness has two peer addresses, the proxy's and its own, and each address's own key still holds its guesses; in-process `TestGuessBudgetAcrossAddresses` shows the fault from 8 addresses)",
 		},
 		{
@@ -681,42 +689,36 @@ func Faults() []FaultRow {
 			Fault:  FaultResponsesUnbudgeted,
 			Attack: "responses/unread-browse",
 			Bug:    "responses waiting in a channel's send queue kept decoded and uncharged, only their count stops the reader, no write deadline: a client that pipelines Browses answered many times their size and never reads holds the server's memory",
-			Defect: `responses/unread-browse`,
 			Specs:  "resource exhaustion (`memory-peak`: `responses/unread-browse: peak 1006 MiB over the bound 640 MiB`; the protected server peaked at 471 MiB in that window, 16 ms of CPU per message)",
 		},
 		{
 			Fault:  FaultParkedPublishWhole,
 			Attack: "publish/parked-acks",
 			Bug:    "a parked Publish keeps its whole decoded request (every acknowledgement) and is charged nowhere: parked Publishes bounded by count only",
-			Defect: `publish/parked-acks`,
 			Specs:  "resource exhaustion (`memory-peak`: `publish/parked-acks: peak 812 MiB over the bound 640 MiB`)",
 		},
 		{
 			Fault:  FaultLongNodeIDsKept,
 			Attack: "monitored-items/long-nodeids",
 			Bug:    "NodeIds of any length resolved and kept (no 4096-byte limit, BadNodeIdInvalid), a monitored item charged its queue only, and every sample takes the name from the NodeId again (a copy of it): the diagnostic pattern `Owner.<owner>.<counter>` resolves any name",
-			Defect: `monitored-items/long-nodeids`,
 			Specs:  "resource exhaustion (`memory-peak`: `monitored-items/long-nodeids: peak 1024 MiB over the bound 640 MiB`). In-process: `TestLongNodeIDsRefused`, `TestSampleResolvedOnce`",
 		},
 		{
 			Fault:  FaultOPNBlocksUnbounded,
 			Attack: "amplifier/opn-blocks",
 			Bug:    "every RSA block of a secured OpenSecureChannel is decrypted (its signature is inside the encrypted plaintext), however many, from any address as often as it sends them: no 16-block bound, no per-address budget of RSA work for OpenSecureChannel",
-			Defect: `amplifier/opn-blocks`,
 			Specs:  "resource exhaustion (`amplification-cpu`: `amplifier/opn-blocks: the server spent 0.2 s of CPU per hostile message …`, at most 50 ms). In-process: `TestOPNBlocksBounded` (a 61 KB OPN refused in 3 ms; 533 ms to open under the fault, -race), `TestOPNPerPeerBudget`",
 		},
 		{
 			Fault:  FaultRetransmitUnbudgeted,
 			Attack: "retransmit/never-acked",
 			Bug:    "notification messages kept for Republish are bounded by count only (256 a subscription) and charged nowhere, instead of charged by their estimated size to the budget's `retransmit` class (⅛ of it, a session at most ¼ of that; the oldest dropped beyond, Republish of one answers BadMessageNotAvailable)",
-			Defect: `retransmit/never-acked`,
 			Specs:  "resource exhaustion (`memory-peak`: `retransmit/never-acked: peak 741 MiB over the bound 640 MiB`: one session, 30 fast subscriptions, Publishes never acknowledged)",
 		},
 		{
 			Fault:  FaultSubscriptionsUnbounded,
 			Attack: "subscriptions/many-fast",
 			Bug:    "no server-wide subscription limit (10 000, `Config.MaxSubscriptions`), no server-wide publishing rate (100 000 cycles a second of all subscriptions: 1000 at 10 ms; BadTooManySubscriptions beyond either) and no 10 ms minimum publishing interval (`Config.MinPublishingInterval`): only the 1000 a session, publishing every 1 ms",
-			Defect: `subscriptions/many-fast`,
 			Specs:  "resource exhaustion (`lockout`: `subscriptions/many-fast: no fresh client could log in for 11.0 s …`: many anonymous sessions each asking for 1000 subscriptions at 1 ms)",
 		},
 		{

@@ -64,7 +64,7 @@ func TestEveryFaultHasOneRow(t *testing.T) {
 		if r.Attack != "" {
 			attacks[r.Attack] = r.Fault
 		}
-		if _, err := regexp.Compile(`(?i)` + r.Defect); err != nil {
+		if _, err := regexp.Compile(`(?i)` + r.DefectPattern()); err != nil {
 			t.Errorf("fault %s: defect pattern: %v", r.Fault, err)
 		}
 	}
@@ -109,6 +109,24 @@ func TestRow(t *testing.T) {
 	}
 	if _, ok := Quirk(FaultSamplingDrift).Row(); ok {
 		t.Error("a fault's name found a quirk row")
+	}
+}
+
+// TestDefectPattern: a row's own pattern, else its attack's name quoted,
+// else none.
+func TestDefectPattern(t *testing.T) {
+	for _, tc := range []struct {
+		row  FaultRow
+		want string
+	}{
+		{FaultRow{Defect: `drift`, Attack: "a/b"}, `drift`},
+		{FaultRow{Attack: "amplifier/rsa-blocks"}, `amplifier/rsa-blocks`},
+		{FaultRow{Attack: "a.b(c)"}, `a\.b\(c\)`},
+		{FaultRow{}, ""},
+	} {
+		if got := tc.row.DefectPattern(); got != tc.want {
+			t.Errorf("DefectPattern(%+v) = %q, want %q", tc.row, got, tc.want)
+		}
 	}
 }
 
