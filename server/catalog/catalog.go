@@ -3,7 +3,7 @@
 // or variation it plants, how its failure must read and the specs aimed at
 // it. The harness reads it without linking the server; the server's code
 // paths branch on its constants; docs/faults.md's tables are generated
-// from it (FaultTable, QuirkTable).
+// from it (fixtures/docsnames).
 package catalog
 
 import (
@@ -15,7 +15,8 @@ import (
 // the suites can show that they catch it.
 type Fault string
 
-// The fault switches. Each is one small, clearly named code path.
+// The fault switches. Each is one small, clearly named code path, and
+// has its row in Faults.
 const (
 	// FaultUnweighted ignores owner weights (plain round robin).
 	FaultUnweighted Fault = "unweighted"
@@ -314,7 +315,7 @@ const (
 // FaultRow is the catalog's row of one fault switch: what the harness and
 // the documentation know of it. The switch's code path in server/ is the
 // only other place a fault lives; docs/faults.md's table is generated from
-// the rows (FaultTable).
+// the rows (fixtures/docsnames).
 type FaultRow struct {
 	// Fault is the switch (OPCUA_FAULTS, the label fault:<name>).
 	Fault Fault
@@ -336,8 +337,9 @@ type FaultRow struct {
 	// specs aimed at the fault can catch it, 0 when any run of them can.
 	MinSoak time.Duration
 	// Specs says which specs are aimed at the fault and what their
-	// failure reads (Markdown). The specs carry the label themselves
-	// (spec.Catches); `make faults` proves they catch the fault.
+	// failure reads (Markdown). The specs of a suite carry the label
+	// themselves (spec.Catches), an exhaustion attack's take it from
+	// Attack; `make faults` proves they catch the fault.
 	Specs string
 }
 
@@ -757,7 +759,8 @@ func MinSoak(f Fault) time.Duration {
 // alarm: it checks our server, not the specification.
 type Quirk string
 
-// The quirk switches. Each is one small, clearly named code path.
+// The quirk switches. Each is one small, clearly named code path, and
+// has its row in Quirks.
 const (
 	// QuirkNoCertOnNone makes CreateSession return no ServerCertificate on
 	// a channel with SecurityPolicy None when the client sent no client
@@ -795,7 +798,7 @@ const (
 
 // QuirkRow is the catalog's row of one quirk switch: what the harness and
 // the documentation know of it. docs/faults.md's table is generated from
-// the rows (QuirkTable).
+// the rows (fixtures/docsnames).
 type QuirkRow struct {
 	// Quirk is the switch (OPCUA_QUIRKS).
 	Quirk Quirk
