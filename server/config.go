@@ -140,7 +140,7 @@ func (fs Faults) String() string { return switchList(fs) }
 
 // ParseFaults parses a comma separated list of fault names.
 func ParseFaults(s string) (Faults, error) {
-	return parseSwitches[Faults](s, "fault", catalog.AllFaults)
+	return parseSwitches[Faults](s, "fault", catalog.AllFaults())
 }
 
 // switchList lists the switches on in set, sorted, comma separated ("none"

@@ -96,5 +96,5 @@ func (qs Quirks) String() string { return switchList(qs) }
 
 // ParseQuirks parses a comma separated list of quirk names.
 func ParseQuirks(s string) (Quirks, error) {
-	return parseSwitches[Quirks](s, "quirk", catalog.AllQuirks)
+	return parseSwitches[Quirks](s, "quirk", catalog.AllQuirks())
 }

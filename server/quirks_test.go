@@ -15,14 +15,14 @@ import (
 // an unknown name is one error line listing the valid ones.
 func TestParseQuirks(t *testing.T) {
 	var names []string
-	for _, q := range catalog.AllQuirks {
+	for _, q := range catalog.AllQuirks() {
 		names = append(names, string(q))
 	}
 	qs, err := ParseQuirks(" " + strings.Join(names, " , ") + ",")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, q := range catalog.AllQuirks {
+	for _, q := range catalog.AllQuirks() {
 		if !qs.Has(q) {
 			t.Errorf("%s not on", q)
 		}

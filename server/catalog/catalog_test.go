@@ -4,12 +4,13 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"regexp"
 	"slices"
 	"testing"
 	"time"
 )
 
-// declared lists the names of the constants of type typ declared in
+// declared lists the values of the constants of type typ declared in
 // catalog.go, in order.
 func declared(t *testing.T, typ string) []string {
 	t.Helper()
@@ -17,7 +18,7 @@ func declared(t *testing.T, typ string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
+	var values []string
 	for _, d := range f.Decls {
 		g, ok := d.(*ast.GenDecl)
 		if !ok || g.Tok != token.CONST {
@@ -26,54 +27,116 @@ func declared(t *testing.T, typ string) []string {
 		for _, s := range g.Specs {
 			v := s.(*ast.ValueSpec)
 			if id, ok := v.Type.(*ast.Ident); ok && id.Name == typ {
-				for _, n := range v.Names {
-					names = append(names, n.Name)
+				for _, x := range v.Values {
+					if lit, ok := x.(*ast.BasicLit); ok && lit.Kind == token.STRING {
+						values = append(values, lit.Value[1:len(lit.Value)-1])
+					}
 				}
 			}
 		}
 	}
-	return names
+	return values
 }
 
-// TestAllFaultsListsEveryFault: every Fault constant is in AllFaults once,
-// and no two faults share a name.
-func TestAllFaultsListsEveryFault(t *testing.T) {
-	names := declared(t, "Fault")
-	if len(names) != len(AllFaults) {
-		t.Errorf("%d Fault constants declared, AllFaults lists %d", len(names), len(AllFaults))
+// TestEveryFaultHasOneRow: every Fault constant has one row, every row
+// one constant, and no two faults share a name or an attack; each row says
+// its bug and the specs aimed at it, and its defect pattern compiles.
+func TestEveryFaultHasOneRow(t *testing.T) {
+	consts := declared(t, "Fault")
+	rows := Faults()
+	if len(consts) != len(rows) {
+		t.Errorf("%d Fault constants declared, Faults has %d rows", len(consts), len(rows))
 	}
 	seen := map[Fault]bool{}
-	for _, f := range AllFaults {
-		if f == "" || seen[f] {
-			t.Errorf("fault %q empty or listed twice", f)
+	attacks := map[string]Fault{}
+	for _, r := range rows {
+		switch {
+		case r.Fault == "" || seen[r.Fault]:
+			t.Errorf("fault %q empty or listed twice", r.Fault)
+		case r.Attack != "" && attacks[r.Attack] != "":
+			t.Errorf("faults %s and %s both name attack %s: its specs are aimed at one switch", attacks[r.Attack], r.Fault, r.Attack)
+		case !slices.Contains(consts, string(r.Fault)):
+			t.Errorf("fault %q has a row but no constant", r.Fault)
+		case r.Bug == "" || r.Specs == "":
+			t.Errorf("fault %s: row without its bug or its specs", r.Fault)
 		}
-		seen[f] = true
+		seen[r.Fault] = true
+		if r.Attack != "" {
+			attacks[r.Attack] = r.Fault
+		}
+		if _, err := regexp.Compile(`(?i)` + r.DefectPattern()); err != nil {
+			t.Errorf("fault %s: defect pattern: %v", r.Fault, err)
+		}
+	}
+	if !slices.Equal(AllFaults(), names(rows, func(r FaultRow) Fault { return r.Fault })) {
+		t.Error("AllFaults is not the rows' order")
 	}
 }
 
-// TestAllQuirksListsEveryQuirk: every Quirk constant is in AllQuirks once,
-// and no quirk shares a fault's name.
-func TestAllQuirksListsEveryQuirk(t *testing.T) {
-	names := declared(t, "Quirk")
-	if len(names) != len(AllQuirks) {
-		t.Errorf("%d Quirk constants declared, AllQuirks lists %d", len(names), len(AllQuirks))
+// TestEveryQuirkHasOneRow: every Quirk constant has one row, every row
+// one constant, no quirk shares a fault's name, and each row says what the
+// server and the suites do and what a skip it causes names.
+func TestEveryQuirkHasOneRow(t *testing.T) {
+	consts := declared(t, "Quirk")
+	rows := Quirks()
+	if len(consts) != len(rows) {
+		t.Errorf("%d Quirk constants declared, Quirks has %d rows", len(consts), len(rows))
 	}
 	seen := map[Quirk]bool{}
-	for _, q := range AllQuirks {
-		if q == "" || seen[q] || slices.Contains(AllFaults, Fault(q)) {
-			t.Errorf("quirk %q empty, listed twice or named like a fault", q)
+	for _, r := range rows {
+		switch {
+		case r.Quirk == "" || seen[r.Quirk] || slices.Contains(AllFaults(), Fault(r.Quirk)):
+			t.Errorf("quirk %q empty, listed twice or named like a fault", r.Quirk)
+		case !slices.Contains(consts, string(r.Quirk)):
+			t.Errorf("quirk %q has a row but no constant", r.Quirk)
+		case r.Does == "" || r.SuiteMust == "" || len(r.Cause) == 0:
+			t.Errorf("quirk %s: row without what it does, what the suites must do or its cause", r.Quirk)
 		}
-		seen[q] = true
+		seen[r.Quirk] = true
+	}
+}
+
+// TestRow: a switch finds its row, a name that is none finds nothing.
+func TestRow(t *testing.T) {
+	if r, ok := FaultSamplingDrift.Row(); !ok || r.Fault != FaultSamplingDrift || r.Defect != "drift" {
+		t.Errorf("Row(sampling-drift) = %+v, %v", r, ok)
+	}
+	if r, ok := Fault("sampling-drif").Row(); ok {
+		t.Errorf("Row(sampling-drif) = %+v, want none", r)
+	}
+	if r, ok := QuirkNoTestNodes.Row(); !ok || r.Quirk != QuirkNoTestNodes {
+		t.Errorf("Row(no-test-nodes) = %+v, %v", r, ok)
+	}
+	if _, ok := Quirk(FaultSamplingDrift).Row(); ok {
+		t.Error("a fault's name found a quirk row")
+	}
+}
+
+// TestDefectPattern: a row's own pattern, else its attack's name quoted,
+// else none.
+func TestDefectPattern(t *testing.T) {
+	for _, tc := range []struct {
+		row  FaultRow
+		want string
+	}{
+		{FaultRow{Defect: `drift`, Attack: "a/b"}, `drift`},
+		{FaultRow{Attack: "amplifier/rsa-blocks"}, `amplifier/rsa-blocks`},
+		{FaultRow{Attack: "a.b(c)"}, `a\.b\(c\)`},
+		{FaultRow{}, ""},
+	} {
+		if got := tc.row.DefectPattern(); got != tc.want {
+			t.Errorf("DefectPattern(%+v) = %q, want %q", tc.row, got, tc.want)
+		}
 	}
 }
 
 // TestMinSoak: trickle-leak needs an hour's soak; the faults any run
-// catches need none.
+// catches need none, nor does a name that is no fault.
 func TestMinSoak(t *testing.T) {
 	if got := MinSoak(FaultTrickleLeak); got != time.Hour {
 		t.Errorf("MinSoak(trickle-leak) = %v, want 1h", got)
 	}
-	for _, f := range []Fault{FaultSlowLeak, FaultRetainMemory, FaultUnweighted} {
+	for _, f := range []Fault{FaultSlowLeak, FaultRetainMemory, FaultUnweighted, "no-such-fault"} {
 		if got := MinSoak(f); got != 0 {
 			t.Errorf("MinSoak(%s) = %v, want 0", f, got)
 		}

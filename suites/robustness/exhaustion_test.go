@@ -91,8 +91,8 @@ var exhaustSlice = []string{
 func exhaustCatches(names []string) []catalog.Fault {
 	var out []catalog.Fault
 	for _, a := range attack.Exhaustion(attack.ExhaustionLimits{}) {
-		if a.Fault != "" && (names == nil || slices.Contains(names, a.Name)) {
-			out = append(out, a.Fault)
+		if f := a.Fault(); f != "" && (names == nil || slices.Contains(names, a.Name)) {
+			out = append(out, f)
 		}
 	}
 	return out
