@@ -158,7 +158,7 @@ func refillChecks() []check.Spec {
 			Idle:          true, IdleGap: refillIdleGap, MaxIdleShare: refillMaxIdleShare, IdleOutOfOrder: true,
 		}},
 		survival("refill-survival"),
-		sessionsOpened("refill-sessions", 1),
+		check.SessionsOpened("refill-sessions", 1),
 	}
 }
 
@@ -180,14 +180,6 @@ var securedDeepCatches = []catalog.Fault{catalog.FaultCryptoInGate}
 // judged are the op kinds the backpressure checks read.
 var judged = []history.Kind{history.KindRead, history.KindSession}
 
-// maxStall is the longest window without completions allowed under cond.
-func maxStall(cond toxics.Condition) time.Duration {
-	if len(cond.Toxics) > 0 || cond.NanoCPUs > 0 {
-		return 2 * time.Second
-	}
-	return time.Second
-}
-
 // diagnosticNodes are the reference server's backpressure counters (ns=1),
 // reported where the target serves them.
 var diagnosticNodes = []string{
@@ -201,10 +193,7 @@ func settle(ctx context.Context, mon *env.Monitor) {
 	if mon == nil {
 		return
 	}
-	select {
-	case <-time.After(drainSettle):
-	case <-ctx.Done():
-	}
+	scenario.Sleep(ctx, drainSettle)
 }
 
 // stopMonitor stops the monitor (watch.MonitorServer recorded its readings,
@@ -224,18 +213,9 @@ func stopMonitor(mon *env.Monitor) (*env.UsageSummary, error) {
 
 // Client-side counts the checks read, recorded as readings.
 const (
-	readingSessionsOpened    history.ReadingName = "client.sessions_opened"
 	readingAnsweredThrottled history.ReadingName = "client.answered_throttled"
 	readingRequestsSent      history.ReadingName = "client.requests_sent"
 )
-
-// sessionsOpened is the check that every session of the load opened.
-func sessionsOpened(name string, n int) check.Spec {
-	return check.Spec{Name: name, Config: check.ReadingsConfig{
-		Reading: readingSessionsOpened, Min: check.Bound(float64(n)), Max: check.Bound(float64(n)), Required: true, Count: true,
-		What: "sessions opened",
-	}}
-}
 
 // diagnostics reads the reference server's backpressure counters at the
 // end of a run into its figures under prefix and records the
@@ -401,7 +381,7 @@ func nemesisSoak(runFor time.Duration, profile profiler, log io.Writer) scenario
 			{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
 			backpressureCheck("nemesis-backpressure", deepGrowthMiB, deepRetainedMiB, ""),
 			survival("nemesis-survival"),
-			sessionsOpened("nemesis-sessions", deepSessions),
+			check.SessionsOpened("nemesis-sessions", deepSessions),
 			// over the soak: the server's memory does not keep growing
 			// and its throughput does not drift down
 			// and its sessions and connections do not keep growing
@@ -449,7 +429,7 @@ func nemesisSoak(runFor time.Duration, profile profiler, log io.Writer) scenario
 		r.Figures["nemesis.history.spilled_ops"], r.Figures["nemesis.history.spilled_mib"] = float64(sp.Ops), float64(sp.Bytes)/(1<<20)
 		fmt.Fprintf(log, "history: %d ops spilled in %d segments, %.1f MiB on disk (%.1f B/op)\n", sp.Ops, sp.Segments, float64(sp.Bytes)/(1<<20), float64(sp.Bytes)/float64(max(sp.Ops, 1)))
 		diagnostics(ctx, r, "nemesis.diag.")
-		rec.Reading(readingSessionsOpened, float64(st.Sessions))
+		rec.Reading(history.ReadingSessionsOpened, float64(st.Sessions))
 		return nil
 	}
 	return s
@@ -470,10 +450,10 @@ func deep(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 			// Drained rejections count as errors: a server that
 			// pushes back never needs to refuse a pipeline.
 			{Name: "deep-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
-			{Name: "deep-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
+			{Name: "deep-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: scenario.MaxStall(cond)}},
 			{Name: "deep-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
 			survival("deep-survival"),
-			sessionsOpened("deep-sessions", deepSessions),
+			check.SessionsOpened("deep-sessions", deepSessions),
 			scenario.Headroom(float64(cond.NanoCPUs) / 1e9),
 		},
 	}
@@ -503,7 +483,7 @@ func deep(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 		}
 		r.AddFigures("", watch.LoadFigures("deep.", st, us))
 		diagnostics(ctx, r, "deep.diag.")
-		rec.Reading(readingSessionsOpened, float64(st.Sessions))
+		rec.Reading(history.ReadingSessionsOpened, float64(st.Sessions))
 		return nil
 	}
 	return s
@@ -554,7 +534,7 @@ func refill(cond toxics.Condition) scenario.Scenario {
 		}
 		r.AddFigures("", watch.LoadFigures("refill.", st, us))
 		diagnostics(ctx, r, "refill.diag.")
-		rec.Reading(readingSessionsOpened, float64(st.Sessions))
+		rec.Reading(history.ReadingSessionsOpened, float64(st.Sessions))
 		return nil
 	}
 	return s
@@ -635,7 +615,7 @@ func slowReader(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenar
 			return fmt.Errorf("remove %s toxic: %w", throttle.Type, err)
 		}
 		// once the reader catches up, the channel flows again
-		r.Check(check.Spec{Name: "slow-drain-stall", Config: check.StallConfig{Span: check.Span{From: drainFrom}, Kinds: judged, MaxStall: maxStall(cond)}})
+		r.Check(check.Spec{Name: "slow-drain-stall", Config: check.StallConfig{Span: check.Span{From: drainFrom}, Kinds: judged, MaxStall: scenario.MaxStall(cond)}})
 		var res result
 		exp.MeasureDuration("drain", func() { res = <-done })
 		if res.err != nil {

@@ -151,13 +151,6 @@ func medianLatency(h history.History, kind history.Kind, session string, w histo
 	return ls[len(ls)/2]
 }
 
-// isReference reports whether the target is the reference server, which
-// takes its worker and queue sizes from the environment.
-func isReference() bool {
-	t := h.Setup.Target
-	return t.Kind == target.Container && t.Name == target.Reference.Name
-}
-
 // Close and reset races: survivors keep a mix of reads in flight while
 // victim sessions with slow reads in flight are closed, timed out or reset.
 const (
@@ -223,14 +216,6 @@ const (
 	// proxy.
 	faultVictims = "victims-"
 )
-
-// maxStall is the longest time without completions a survivor may see.
-func maxStall(cond toxics.Condition) time.Duration {
-	if len(cond.Toxics) > 0 || cond.NanoCPUs > 0 {
-		return 2 * time.Second
-	}
-	return time.Second
-}
 
 // victim is one gopcua session that keeps reads (slow, or of many
 // standard nodes) in flight until it is closed or its connection dies,
@@ -376,14 +361,6 @@ func inflight(vs []*victim) int {
 // over.
 const clientCloseTimeout = 10 * time.Second
 
-// closeBounded closes c, bounded by clientCloseTimeout even when ctx has
-// ended; safe after an earlier Close.
-func closeBounded(ctx context.Context, c *uaclient.Client) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), clientCloseTimeout)
-	defer cancel()
-	_ = c.Close(cctx)
-}
-
 // kill hits the victims' proxy of r's target with tox for hold, recorded
 // as fault name; the toxic is removed whatever ended the hold.
 func kill(ctx context.Context, r *scenario.Run, name string, tox toxics.Toxic, hold time.Duration) error {
@@ -392,19 +369,11 @@ func kill(ctx context.Context, r *scenario.Run, name string, tox toxics.Toxic, h
 	if err != nil {
 		return fmt.Errorf("add %s toxic: %w", tox.Type, err)
 	}
-	sleep(ctx, hold)
+	scenario.Sleep(ctx, hold)
 	if err := in.Undo(ctx); err != nil {
 		return fmt.Errorf("remove %s toxic: %w", tox.Type, err)
 	}
 	return nil
-}
-
-// sleep waits d or until the run ends.
-func sleep(ctx context.Context, d time.Duration) {
-	select {
-	case <-time.After(d):
-	case <-ctx.Done():
-	}
 }
 
 // probe opens a fresh session and samples the latency of probeReads
@@ -465,14 +434,6 @@ const (
 	readingInflightTimeout history.ReadingName = "race.inflight." + faultTimeout
 	readingInflightReset   history.ReadingName = "race.inflight." + faultReset
 )
-
-// sessionsOpened is the check that every session of every phase opened.
-func sessionsOpened(name string) check.Spec {
-	return check.Spec{Name: name, Config: check.ReadingsConfig{
-		Reading: history.ReadingSessionsFailed, Stat: check.StatMax, Max: check.Bound(0), Required: true, Count: true,
-		What: "sessions that could not be opened",
-	}}
-}
 
 // catches are the reference server's faults both specs are aimed at under
 // baseline: a cancelled request that keeps its queue slot and one that is
@@ -562,7 +523,7 @@ func stormChecks(sl stormLoad, before, during, after history.Window, tBurst time
 		checks = append(checks, check.Assume("storm-slow-reads", check.MedianLatencyConfig{Span: check.Span{From: before.Start, To: before.End}, Kinds: reads, Sessions: beforeSessions, Min: service}))
 	}
 	checks = append(checks, []check.Spec{
-		sessionsOpened("storm-sessions"),
+		check.NoFailedSessions("storm-sessions"),
 		stormExactlyOnce(sl.kind),
 		stormExercised(sl.kind),
 		check.Spec{Name: "storm-errors", Config: check.ErrorBudgetConfig{
@@ -637,9 +598,9 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 		// its judgement (its timeout, an interrupt) saves its history
 		// judged by them. The others are known once the phases ran
 		// (stormChecks).
-		Checks: []check.Spec{sessionsOpened("storm-sessions"), stormExactlyOnce(sl.kind), stormExercised(sl.kind)},
+		Checks: []check.Spec{check.NoFailedSessions("storm-sessions"), stormExactlyOnce(sl.kind), stormExercised(sl.kind)},
 	}
-	if isReference() {
+	if h.Setup.Target.IsReference() {
 		s.Server = referenceStorm
 	}
 	if scheduled {
@@ -672,7 +633,7 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 			return err
 		}
 		rec.SetLabel("storm.load", sl.what)
-		r.Figures["storm."+report.StandardNodes] = b2f(sl.standard)
+		r.Figures["storm."+report.StandardNodes] = history.Flag(sl.standard)
 		rec.Mark(fmt.Sprintf("%s on %d sessions without cancels", sl.what, len(cancellers)), "")
 		tBefore, err := phase("before", phaseFor, stormSessions(e.Target, sl, "before-"))
 		if err != nil {
@@ -756,7 +717,7 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 func raceCounted(cond toxics.Condition) []check.Spec {
 	survivors := []history.Kind{history.KindRead, history.KindSlowRead, history.KindSession}
 	return []check.Spec{
-		{Name: "race-survivors-stall", Config: check.StallConfig{Kinds: survivors, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
+		{Name: "race-survivors-stall", Config: check.StallConfig{Kinds: survivors, GroupBy: check.BySession, MaxStall: scenario.MaxStall(cond)}},
 		{Name: "race-survivors-errors", Config: check.ErrorBudgetConfig{Kinds: survivors, Drained: check.Codes{}}},
 		{Name: "race-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead, history.KindSlowRead, kindVictim}}},
 		// a closed session's reads are answered (BadSessionClosed
@@ -848,7 +809,7 @@ func races(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 		Property: property, Name: "race", Condition: cond,
 		Checks: raceCounted(cond),
 	}
-	if isReference() {
+	if h.Setup.Target.IsReference() {
 		// a known pool, so the backlog closer's pipeline queues: on
 		// standard reads, which take a worker a fraction of a
 		// millisecond, a small one
@@ -887,13 +848,13 @@ func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmea
 	if err != nil {
 		return fmt.Errorf("open monitor session: %w", err)
 	}
-	defer closeBounded(ctx, mon)
+	defer uaclient.CloseWithin(ctx, mon, clientCloseTimeout)
 	rl, err := newRaceLoad(ctx, mon, e.Target)
 	if err != nil {
 		return err
 	}
 	rec.SetLabel("race.load", rl.what)
-	r.Figures["race."+report.StandardNodes] = b2f(rl.standard)
+	r.Figures["race."+report.StandardNodes] = history.Flag(rl.standard)
 	// The backlog closer (below) has an owner of its own, the target's
 	// second user, where it has one; where the target counts its owners'
 	// dispatches, a diagnostics session reads that count. It is open
@@ -909,7 +870,7 @@ func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmea
 		if err != nil {
 			return fmt.Errorf("open diagnostics session: %w", err)
 		}
-		defer closeBounded(ctx, diag)
+		defer uaclient.CloseWithin(ctx, diag, clientCloseTimeout)
 	}
 	// A server without the CurrentSessionCount node (S2OPC 1.7.3) leaves
 	// race-sessions-released not judged, naming the node; an error of
@@ -948,7 +909,7 @@ func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmea
 	var opened []*victim
 	defer func() {
 		for _, v := range opened {
-			closeBounded(ctx, v.c)
+			uaclient.CloseWithin(ctx, v.c, clientCloseTimeout)
 		}
 	}()
 	open := func(endpoint, name string, vs ...victimSpec) (*victim, error) {
@@ -1008,7 +969,7 @@ func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmea
 		closed.Add(1)
 		go func() {
 			defer closed.Done()
-			sleep(ctx, at)
+			scenario.Sleep(ctx, at)
 			if err := v.close(ctx); err != nil {
 				closeMu.Lock()
 				closeErrs = append(closeErrs, fmt.Errorf("close %s: %w", v.name, err))
@@ -1016,7 +977,7 @@ func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmea
 			}
 		}()
 	}
-	sleep(ctx, 2*time.Second)
+	scenario.Sleep(ctx, 2*time.Second)
 	rec.Reading(readingInflightTimeout, float64(inflight(timedOut)))
 	if err := kill(ctx, r, faultTimeout, toxics.Timeout(toxics.Downstream, 500), time.Second); err != nil {
 		return err
@@ -1037,7 +998,7 @@ func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmea
 		// or its return to the baseline proves nothing
 		rec.Reading(readingSessionsDuring, float64(during))
 	}
-	sleep(ctx, time.Second)
+	scenario.Sleep(ctx, time.Second)
 	rec.Reading(readingInflightReset, float64(inflight(reset)))
 	if err := kill(ctx, r, faultReset, toxics.ResetPeer(toxics.Downstream, 0), 500*time.Millisecond); err != nil {
 		return err
@@ -1071,7 +1032,7 @@ func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmea
 		if n == baseline || time.Now().After(deadline) || ctx.Err() != nil {
 			break
 		}
-		sleep(ctx, 100*time.Millisecond)
+		scenario.Sleep(ctx, 100*time.Millisecond)
 	}
 	if noSessionCount == "" {
 		r.Figures["race.sessions.baseline"] = float64(baseline)

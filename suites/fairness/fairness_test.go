@@ -366,7 +366,7 @@ func share(name string, cond toxics.Condition, sh shape, tl timeline, owners []o
 	}
 	run := s.Workload
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
-		r.Figures[name+"."+report.StandardNodes] = b2f(sh.nodes() == "standard")
+		r.Figures[name+"."+report.StandardNodes] = history.Flag(sh.nodes() == "standard")
 		return run(ctx, r)
 	}
 	if tl.nemesis {
@@ -523,13 +523,6 @@ func isolation(cond toxics.Condition, flood, victim target.User) scenario.Scenar
 		{flood.Name, flood.Password, 8},
 		{victim.Name, victim.Password, 2},
 	}, checks, "users")
-}
-
-func b2f(b bool) float64 {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 var _ = Describe("Fairness", spec.Property(property), func() {

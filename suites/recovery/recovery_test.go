@@ -18,7 +18,6 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/reconnect"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
@@ -111,7 +110,7 @@ func keepReading(ctx context.Context, c *reconnect.Client, d time.Duration) (rec
 		err := c.Read(rctx)
 		cancel()
 		if err == nil {
-			pause(ctx, readEvery)
+			scenario.Sleep(ctx, readEvery)
 			continue
 		}
 		recoveries++
@@ -123,7 +122,7 @@ func keepReading(ctx context.Context, c *reconnect.Client, d time.Duration) (rec
 		}
 		sctx, cancel := context.WithTimeout(ctx, maxServe)
 		if err := c.NewSession(sctx, fmt.Sprintf("r%d", n)); err != nil {
-			pause(ctx, 200*time.Millisecond)
+			scenario.Sleep(ctx, 200*time.Millisecond)
 		}
 		cancel()
 		n++
@@ -143,7 +142,7 @@ func readAgain(ctx context.Context, c *reconnect.Client, session string) {
 		cancel()
 		if err != nil {
 			if err := c.NewSession(ctx, fmt.Sprintf("%s-%d", session, time.Now().UnixMilli())); err != nil {
-				pause(ctx, 200*time.Millisecond)
+				scenario.Sleep(ctx, 200*time.Millisecond)
 				continue
 			}
 		}
@@ -164,7 +163,7 @@ func servesBeforeKill(from, to time.Duration) check.Spec {
 // reference server: it grants a channel of channelLifetime. Other targets
 // get none.
 func serverSettings() map[string]string {
-	if !isReference() {
+	if !h.Setup.Target.IsReference() {
 		return nil
 	}
 	return map[string]string{"OPCUA_MIN_CHANNEL_LIFETIME": referenceMinLifetime}
@@ -195,13 +194,6 @@ func lifetimes(ctx context.Context, e *env.Env, client string) (reconnect.Config
 	return cfg, nemesis.Lifetimes{Channel: granted, Session: session}, nil
 }
 
-// isReference reports whether the target is the reference server, which
-// takes its settings from the environment.
-func isReference() bool {
-	t := h.Setup.Target
-	return t.Kind == target.Container && t.Name == target.Reference.Name
-}
-
 // open opens a reconnecting client with a new session (reconnect.Open)
 // and returns it with its close, bounded by closeTimeout even when ctx has
 // ended.
@@ -220,14 +212,6 @@ func open(ctx context.Context, rec *history.Recorder, cfg reconnect.Config, sess
 		return nil, nil, err
 	}
 	return c, closeClient, nil
-}
-
-// pause waits d or until ctx ends.
-func pause(ctx context.Context, d time.Duration) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
-	}
 }
 
 // run runs sub's Publish loop on c in the background until stop; stop
@@ -359,7 +343,7 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 			return fmt.Errorf("partition: %w", err)
 		}
 		defer func() { err = errors.Join(err, partition.Undo(ctx)) }()
-		pause(ctx, part)
+		scenario.Sleep(ctx, part)
 		if err := partition.Undo(ctx); err != nil {
 			return fmt.Errorf("end the partition: %w", err)
 		}
@@ -382,7 +366,7 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 			}
 		}
 		stop, ended = run(ctx, sub, c1)
-		pause(ctx, settle)
+		scenario.Sleep(ctx, settle)
 
 		r.Rec.Mark("republishing the messages the partition lost", "")
 		n, err := sub.Recover(ctx, c1)
@@ -429,7 +413,7 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 		if owner == c1 {
 			ran = streamed
 		}
-		pause(ctx, ran-(r.Rec.Now()-transferAt))
+		scenario.Sleep(ctx, ran-(r.Rec.Now()-transferAt))
 		r.Rec.Mark("publish-loop", fmt.Sprintf("of the stream's session: %v", stop()))
 		if _, err := sub.Recover(ctx, owner); err != nil {
 			return fmt.Errorf("republish after the transfer: %w", err)
@@ -464,7 +448,7 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 			return fmt.Errorf("kill: %w", err)
 		}
 		defer func() { err = errors.Join(err, kill.Undo(ctx)) }()
-		pause(ctx, down)
+		scenario.Sleep(ctx, down)
 		if err := kill.Undo(ctx); err != nil {
 			return fmt.Errorf("restart: %w", err)
 		}

@@ -123,7 +123,7 @@ func exhaustion(only []string) func(toxics.Condition) scenario.Scenario {
 func exhaustionOf(only []string, cond toxics.Condition) scenario.Scenario {
 	limits := attack.ExhaustionLimits{Hold: exhaustHold, MaxSessions: floodSessions()}
 	s := scenario.Scenario{Property: property, Name: "exhaustion", Condition: cond}
-	if isReference() {
+	if h.Setup.Target.IsReference() {
 		s.Server = exhaustLimits
 		limits.MaxConnections = 300
 		limits.MaxSessions = min(cmp.Or(limits.MaxSessions, 200), 200)
@@ -276,7 +276,7 @@ func exhaust(ctx context.Context, r *scenario.Run, attacks []attack.Attack, name
 	defer stopMem()
 	baseline := history.Window{Start: rec.Now()}
 	w.State(ctx)
-	sleep(ctx, exhaustBaseline)
+	scenario.Sleep(ctx, exhaustBaseline)
 	baseline.End = rec.Now()
 
 	runner := &attack.Runner{Endpoint: e.Endpoint, Direct: e.DirectEndpoint, Rec: rec, Seed: r.Seed}
@@ -323,7 +323,7 @@ func exhaust(ctx context.Context, r *scenario.Run, attacks []attack.Attack, name
 				if !w.State(ctx) {
 					break
 				}
-				sleep(ctx, deathPoll)
+				scenario.Sleep(ctx, deathPoll)
 			}
 		}
 		w.State(ctx)
@@ -332,7 +332,7 @@ func exhaust(ctx context.Context, r *scenario.Run, attacks []attack.Attack, name
 		}
 	}
 	// the lockout check's grace after the last attack
-	sleep(ctx, check.DefaultLockoutGrace)
+	scenario.Sleep(ctx, check.DefaultLockoutGrace)
 	w.State(ctx)
 	stopMem()
 	stopProbers()

@@ -21,7 +21,6 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/subscribe"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
@@ -114,31 +113,9 @@ func memoryCheck(baseline history.Window, from time.Duration, rounds []history.W
 // them unactivated.
 var referenceLimits = map[string]string{"OPCUA_MAX_SESSIONS": "200"}
 
-// maxStall is the longest time the victim may wait with Reads outstanding
-// and none answered; maxLatency the longest one Read may take.
-func maxStall(cond toxics.Condition) time.Duration {
-	if len(cond.Toxics) > 0 || cond.NanoCPUs > 0 {
-		return 2 * time.Second
-	}
-	return time.Second
-}
-
-func maxLatency(cond toxics.Condition) time.Duration { return maxStall(cond) }
-
-// isReference reports whether the target is the reference server, which
-// takes its limits from the environment.
-func isReference() bool {
-	t := h.Setup.Target
-	return t.Kind == target.Container && t.Name == target.Reference.Name
-}
-
-// sleep waits d or until the spec ends.
-func sleep(ctx context.Context, d time.Duration) {
-	select {
-	case <-time.After(d):
-	case <-ctx.Done():
-	}
-}
+// maxLatency is the longest one Read of the victim may take: as long as
+// it may wait with Reads outstanding and none answered (scenario.MaxStall).
+func maxLatency(cond toxics.Condition) time.Duration { return scenario.MaxStall(cond) }
 
 // closeWatch closes w's session, within 10 s even once the spec ended.
 func closeWatch(ctx context.Context, w *watch.Watch) {
@@ -262,7 +239,7 @@ func robustness(cond toxics.Condition, soakFor time.Duration, skipped *[]string)
 		// of the progress lines and the disk guard
 		s.Name, s.Planned = "rounds", soakFor
 	}
-	if isReference() {
+	if h.Setup.Target.IsReference() {
 		s.Server = referenceLimits
 	}
 	return s
@@ -310,11 +287,11 @@ func attackAll(ctx context.Context, r *scenario.Run, soakFor time.Duration, skip
 		return err
 	}
 	defer v.close(ctx)
-	sleep(ctx, victimWarmup)
+	scenario.Sleep(ctx, victimWarmup)
 	baseline := history.Window{Start: rec.Now()}
 	readings()
 	for range int(before / time.Second) {
-		sleep(ctx, time.Second)
+		scenario.Sleep(ctx, time.Second)
 		readings()
 	}
 	baseline.End = rec.Now()
@@ -520,7 +497,7 @@ func (a *attacker) round(ctx context.Context, n int) (cut bool) {
 				if !w.State(ctx) {
 					break
 				}
-				sleep(ctx, deathPoll)
+				scenario.Sleep(ctx, deathPoll)
 			}
 		}
 		if isBurst(b) {
@@ -556,7 +533,7 @@ func (a *attacker) waitSettled(ctx context.Context, from time.Duration) (memBack
 		if sessionsBack && (memBack || !a.alive) && time.Since(settled) >= after {
 			break
 		}
-		sleep(ctx, 500*time.Millisecond)
+		scenario.Sleep(ctx, 500*time.Millisecond)
 	}
 	return memBack, sessionsBack
 }
@@ -619,7 +596,7 @@ func robustnessChecks(cond toxics.Condition, ran []attack.Attack, baseline histo
 	checks := []check.Spec{
 		{Name: "survival", Config: check.SurvivalConfig{Attacks: names}},
 		{Name: "answers", Config: answers},
-		{Name: "victim-stall", Config: check.StallConfig{Span: check.Span{From: baseline.Start, To: stopped}, Kinds: reads, GroupBy: check.BySession, MaxStall: maxStall(cond), MaxLatency: maxLatency(cond)}},
+		{Name: "victim-stall", Config: check.StallConfig{Span: check.Span{From: baseline.Start, To: stopped}, Kinds: reads, GroupBy: check.BySession, MaxStall: scenario.MaxStall(cond), MaxLatency: maxLatency(cond)}},
 		{Name: "victim-errors", Config: check.ErrorBudgetConfig{Span: check.Span{To: stopped}, Kinds: reads, Drained: check.Codes{}}},
 		{Name: "victim-recovery", Config: check.RecoveryConfig{Baseline: baseline, Recovered: history.Window{Start: attacked, End: stopped}, Kinds: reads, MinRatio: minRatio}},
 		{Name: "sessions", Config: sessionsCheck(baseline, attacked)},
@@ -628,7 +605,7 @@ func robustnessChecks(cond toxics.Condition, ran []attack.Attack, baseline histo
 	}
 	if len(items) > 0 {
 		checks = append(checks, check.Spec{Name: "victim-sampling", Config: check.SamplingConfig{
-			Span: check.Span{From: baseline.Start, To: stopped}, Interval: subSampling, Items: items, MinFraction: subMinShare, MaxGap: maxStall(cond),
+			Span: check.Span{From: baseline.Start, To: stopped}, Interval: subSampling, Items: items, MinFraction: subMinShare, MaxGap: scenario.MaxStall(cond),
 		}}, check.Spec{Name: "victim-sequence", Config: check.SequenceConfig{
 			// hostile traffic on other connections is no reason to skip
 			// or lose a notification message of the victim's
