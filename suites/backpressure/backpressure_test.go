@@ -572,18 +572,10 @@ func slowReader(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenar
 			Name: "slow-reader", Endpoint: e.Endpoint, Duration: time.Minute, RequestTimeout: requestTimeout, Security: e.Security,
 			Sessions: []load.Session{{Name: "reader", Outstanding: slowDepth, MaxRequests: slowDepth, Requests: []load.Request{statusRead}}},
 		}
-		type result struct {
-			st  load.Stats
-			err error
-		}
 		// the load ends with the workload, whatever ended it
 		lctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		done := make(chan result, 1)
-		go func() {
-			st, err := load.Run(lctx, rec, p)
-			done <- result{st, err}
-		}()
+		wait := load.Start(lctx, rec, p)
 		select {
 		case <-time.After(throttleFor):
 		case <-ctx.Done():
@@ -616,13 +608,14 @@ func slowReader(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenar
 		}
 		// once the reader catches up, the channel flows again
 		r.Check(check.Spec{Name: "slow-drain-stall", Config: check.StallConfig{Span: check.Span{From: drainFrom}, Kinds: judged, MaxStall: scenario.MaxStall(cond)}})
-		var res result
-		exp.MeasureDuration("drain", func() { res = <-done })
-		if res.err != nil {
-			return fmt.Errorf("run load %s: %w", p.Name, res.err)
+		var st load.Stats
+		var lerr error
+		exp.MeasureDuration("drain", func() { st, lerr = wait() })
+		if lerr != nil {
+			return fmt.Errorf("run load %s: %w", p.Name, lerr)
 		}
 		r.Figures["slow.drain_s"] = exp.GetStats("drain").DurationFor(gmeasure.StatMax).Seconds()
-		r.AddFigures("slow.", res.st.Figures())
+		r.AddFigures("slow.", st.Figures())
 		// The reader is throttled on purpose: no client-bound verdict.
 		settle(ctx, mon)
 		us, err := stopMonitor(mon)
@@ -634,7 +627,7 @@ func slowReader(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenar
 		}
 		diagnostics(ctx, r, "slow.diag.")
 
-		rec.Reading(readingRequestsSent, float64(res.st.Requests))
+		rec.Reading(readingRequestsSent, float64(st.Requests))
 		return nil
 	}
 	return s

@@ -825,141 +825,243 @@ func races(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 	return s
 }
 
-// race is the workload of races.
+// race is the workload of races: the victims' proxy under cond, the
+// measurements before the storm (raceRun.prepare), the survivors' load
+// beside the victims' closes, timeouts and resets (raceRun.storm), then
+// the measurements after it (raceRun.awaitSessions, raceRun.probeAfter)
+// and the checks of what it measured.
 func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmeasure.Experiment) error {
-	rec, e := r.Rec, r.Env
 	// the victims' proxy is under the same condition, recorded as a
 	// fault window of its own
 	if len(cond.Toxics) > 0 {
-		in, err := nemesis.Inject(ctx, r.Target, rec, nemesis.Toxics(faultVictims+cond.Name, env.VictimProxyName, cond.Toxics...))
+		in, err := nemesis.Inject(ctx, r.Target, r.Rec, nemesis.Toxics(faultVictims+cond.Name, env.VictimProxyName, cond.Toxics...))
 		if err != nil {
 			return fmt.Errorf("apply %s to %s: %w", cond.Name, env.VictimProxyName, err)
 		}
 		defer func() { _ = in.Undo(ctx) }()
 	}
 	rng := rand.New(rand.NewPCG(uint64(r.Seed), uint64(100+ciIndex(cond))))
+	rr := &raceRun{r: r, rec: r.Rec, e: r.Env}
+	defer rr.close(ctx)
 
+	before, err := rr.prepare(ctx, exp)
+	if err != nil {
+		return err
+	}
+	survivorsFrom, backlog, dispatched, err := rr.storm(ctx, rng)
+	if err != nil {
+		return err
+	}
+	if err := rr.awaitSessions(ctx); err != nil {
+		return err
+	}
+	if err := rr.probeAfter(ctx, exp, before); err != nil {
+		return err
+	}
+
+	var backlogClose history.Op
+	for op := range rr.rec.History().AllOps() {
+		if op.Session == backlog.name && op.Kind == history.KindCloseSession {
+			backlogClose = op
+		}
+	}
+	grace := rr.rl.grace(rr.rec.History())
+	r.Figures["race.close_grace_ms"] = float64(grace) / float64(time.Millisecond)
+	r.Check(raceChecks(cond, survivorsFrom, backlogClose, dispatched, grace, rr.noSessionCount)...)
+	return nil
+}
+
+// raceRun is what the steps of one race workload share: its sessions and
+// what they measured on the way.
+type raceRun struct {
+	r   *scenario.Run
+	rec *history.Recorder
+	e   *env.Env
+	// rl is what the sessions read.
+	rl raceLoad
+	// mon reads the server's session count; diag, where the target
+	// counts its owners' dispatches, the backlog closer's owner's count
+	// (nil elsewhere).
+	mon, diag *uaclient.Client
+	// backlogShape shapes the backlog closer.
+	backlogShape victimSpec
+	// baseline and during are the session counts before the victims and
+	// with them open; noSessionCount, if set, says why the server has
+	// none (race-sessions-released is then not judged).
+	baseline, during uint32
+	noSessionCount   string
+	// opened are the victims opened so far.
+	opened []*victim
+}
+
+// close closes every victim's client (the closers' are closed earlier),
+// then the diagnostics and the monitor sessions, bounded by
+// clientCloseTimeout even once ctx has ended: once the run is over,
+// whatever ended it.
+func (rr *raceRun) close(ctx context.Context) {
+	for _, v := range rr.opened {
+		uaclient.CloseWithin(ctx, v.c, clientCloseTimeout)
+	}
+	for _, c := range []*uaclient.Client{rr.diag, rr.mon} {
+		if c != nil {
+			uaclient.CloseWithin(ctx, c, clientCloseTimeout)
+		}
+	}
+}
+
+// prepare measures the probe (its median is returned) and the session
+// count before the storm. It opens the monitor session, sizes the load
+// on it (newRaceLoad) and shapes the backlog closer: an owner of its own,
+// the target's second user, where it has one; where the target counts
+// its owners' dispatches, a diagnostics session reads that count. That
+// session is open before the session count's baseline is taken, so that
+// it is part of it.
+func (rr *raceRun) prepare(ctx context.Context, exp *gmeasure.Experiment) (time.Duration, error) {
+	rec, e := rr.rec, rr.e
 	rec.Mark("measuring a probe and the session count before the storm", "")
 	before, err := probe(ctx, e, rec, string(readingProbeBefore), exp, "probe before")
 	if err != nil {
-		return err
+		return 0, err
 	}
 	mon, err := uaclient.Open(ctx, e.Endpoint, uaclient.Security(e.Security))
 	if err != nil {
-		return fmt.Errorf("open monitor session: %w", err)
+		return 0, fmt.Errorf("open monitor session: %w", err)
 	}
-	defer uaclient.CloseWithin(ctx, mon, clientCloseTimeout)
-	rl, err := newRaceLoad(ctx, mon, e.Target)
-	if err != nil {
-		return err
+	rr.mon = mon
+	if rr.rl, err = newRaceLoad(ctx, mon, e.Target); err != nil {
+		return 0, err
 	}
-	rec.SetLabel("race.load", rl.what)
-	r.Figures["race."+report.StandardNodes] = history.Flag(rl.standard)
-	// The backlog closer (below) has an owner of its own, the target's
-	// second user, where it has one; where the target counts its owners'
-	// dispatches, a diagnostics session reads that count. It is open
-	// before the session count's baseline is taken, so that it is part
-	// of it.
-	backlogShape := victimSpec{outstanding: backlogDepth, publishes: closerPublishes}
+	rec.SetLabel("race.load", rr.rl.what)
+	rr.r.Figures["race."+report.StandardNodes] = history.Flag(rr.rl.standard)
+	rr.backlogShape = victimSpec{outstanding: backlogDepth, publishes: closerPublishes}
 	if u, err := e.Target.User(1); err == nil {
-		backlogShape.user = &u
+		rr.backlogShape.user = &u
 	}
-	var diag *uaclient.Client
-	if e.Target.Diagnostics && backlogShape.user != nil {
-		diag, err = uaclient.Open(ctx, e.DirectEndpoint, uaclient.Security(e.Security))
+	if e.Target.Diagnostics && rr.backlogShape.user != nil {
+		diag, err := uaclient.Open(ctx, e.DirectEndpoint, uaclient.Security(e.Security))
 		if err != nil {
-			return fmt.Errorf("open diagnostics session: %w", err)
+			return 0, fmt.Errorf("open diagnostics session: %w", err)
 		}
-		defer uaclient.CloseWithin(ctx, diag, clientCloseTimeout)
+		rr.diag = diag
 	}
 	// A server without the CurrentSessionCount node (S2OPC 1.7.3) leaves
 	// race-sessions-released not judged, naming the node; an error of
 	// the connection ends the run.
-	var noSessionCount string
 	baseline, err := sessionCount(ctx, mon)
 	switch {
 	case err != nil && isStatus(err):
-		noSessionCount = fmt.Sprintf("the server does not serve CurrentSessionCount (%s): %v", uaclient.CurrentSessionCount, err)
-		rec.SetLabel("race.sessions", noSessionCount)
+		rr.noSessionCount = fmt.Sprintf("the server does not serve CurrentSessionCount (%s): %v", uaclient.CurrentSessionCount, err)
+		rec.SetLabel("race.sessions", rr.noSessionCount)
 	case err != nil:
-		return fmt.Errorf("read CurrentSessionCount: %w", err)
+		return 0, fmt.Errorf("read CurrentSessionCount: %w", err)
 	default:
+		rr.baseline = baseline
 		rec.Reading(readingSessionsBaseline, float64(baseline))
 	}
+	return before, nil
+}
 
+// open opens a victim named name on endpoint reading the race's load,
+// kept for close.
+func (rr *raceRun) open(ctx context.Context, endpoint, name string, vs ...victimSpec) (*victim, error) {
+	v, err := openVictim(ctx, rr.rec, rr.e.Security, endpoint, name, rr.rl.victim, vs...)
+	if v != nil {
+		rr.opened = append(rr.opened, v)
+	}
+	return v, err
+}
+
+// storm serves the survivors while the victims are closed, timed out and
+// reset, and waits for all of them: the survivors' load, the closers
+// (closeVictims), the timeouts and resets (breakConnections) and the
+// victims whose connections died. It returns when the survivors started,
+// the backlog closer and the readings of its dispatch count (openBacklog).
+func (rr *raceRun) storm(ctx context.Context, rng *rand.Rand) (survivorsFrom time.Duration, backlog *victim, dispatched map[string]history.ReadingName, err error) {
+	rec, e := rr.rec, rr.e
 	rec.Mark("serving survivors while victims are closed, timed out and reset", "")
-	survivor := load.Session{Outstanding: 4, Requests: rl.survivor}
+	survivor := load.Session{Outstanding: 4, Requests: rr.rl.survivor}
 	if u, err := e.Target.User(0); err == nil {
 		// an owner of their own on servers that queue by user
 		survivor.User, survivor.Password = u.Name, u.Password
 	}
-	type result struct {
-		st  load.Stats
-		err error
-	}
-	done := make(chan result, 1)
-	survivorsFrom := rec.Now()
-	go func() {
-		st, err := load.Run(ctx, rec, load.Profile{Name: "survivors", Endpoint: e.Endpoint, Duration: raceFor, RequestTimeout: victimRequestTimeout, Security: e.Security,
-			Sessions: load.Sessions(2, "survivor-", survivor)})
-		done <- result{st, err}
-	}()
-	// every victim's client is closed once the run is over, whatever
-	// ended it (the closers' are closed earlier)
-	var opened []*victim
-	defer func() {
-		for _, v := range opened {
-			uaclient.CloseWithin(ctx, v.c, clientCloseTimeout)
-		}
-	}()
-	open := func(endpoint, name string, vs ...victimSpec) (*victim, error) {
-		v, err := openVictim(ctx, rec, e.Security, endpoint, name, rl.victim, vs...)
-		if v != nil {
-			opened = append(opened, v)
-		}
-		return v, err
-	}
-	var closers, timedOut, reset []*victim
+	survivorsFrom = rec.Now()
+	survivors := load.Start(ctx, rec, load.Profile{Name: "survivors", Endpoint: e.Endpoint, Duration: raceFor, RequestTimeout: victimRequestTimeout, Security: e.Security,
+		Sessions: load.Sessions(2, "survivor-", survivor)})
+	var closers, timedOut []*victim
 	for i := range victimsPerGroup {
-		c, err := open(e.Endpoint, fmt.Sprintf("closer-%02d", i), victimSpec{outstanding: victimOutstanding, publishes: closerPublishes})
+		c, err := rr.open(ctx, e.Endpoint, fmt.Sprintf("closer-%02d", i), victimSpec{outstanding: victimOutstanding, publishes: closerPublishes})
 		if err != nil {
-			return err
+			return 0, nil, nil, err
 		}
-		t, err := open(e.VictimEndpoint, fmt.Sprintf("timeout-%02d", i))
+		t, err := rr.open(ctx, e.VictimEndpoint, fmt.Sprintf("timeout-%02d", i))
 		if err != nil {
-			return err
+			return 0, nil, nil, err
 		}
 		closers, timedOut = append(closers, c), append(timedOut, t)
 	}
-	// The backlog closer: an owner of its own (the target's second user,
-	// where it has one) with a pipeline far deeper than its share of the
-	// workers, so most of its reads are queued when it is closed. They
-	// must be refused or go with the session, never run after the close.
-	// Where the target counts its owners' dispatches, the count is read
-	// right after the CloseSession response and once every victim
-	// drained: it must not grow in between.
-	backlog, err := open(e.Endpoint, "backlog-00", backlogShape)
+	backlog, dispatched, readDispatched, err := rr.openBacklog(ctx)
 	if err != nil {
-		return err
+		return 0, nil, nil, err
 	}
-	closers = append(closers, backlog)
-	var dispatched map[string]history.ReadingName
-	readDispatched := func(context.Context) error { return nil }
-	if diag != nil {
+	closed := closeVictims(ctx, rec, rng, append(closers, backlog))
+	reset, err := rr.breakConnections(ctx, timedOut)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	if err := closed(); err != nil {
+		return 0, nil, nil, err
+	}
+	for _, v := range append(timedOut, reset...) {
+		v.wg.Wait()
+	}
+	st, err := survivors()
+	if err != nil {
+		return 0, nil, nil, fmt.Errorf("run survivors: %w", err)
+	}
+	// every closed session's reads have ended
+	if err := readDispatched(ctx); err != nil {
+		return 0, nil, nil, err
+	}
+	rr.r.AddFigures("race.", st.Figures())
+	return survivorsFrom, backlog, dispatched, nil
+}
+
+// openBacklog opens the backlog closer: an owner of its own (the target's
+// second user, where it has one) with a pipeline far deeper than its
+// share of the workers, so most of its reads are queued when it is
+// closed. They must be refused or go with the session, never run after
+// the close. Where the target counts its owners' dispatches, the count
+// is read (readDispatched) right after the CloseSession response and
+// once every victim drained: it must not grow in between; dispatched
+// names its reading.
+func (rr *raceRun) openBacklog(ctx context.Context) (backlog *victim, dispatched map[string]history.ReadingName, readDispatched func(context.Context) error, err error) {
+	backlog, err = rr.open(ctx, rr.e.Endpoint, "backlog-00", rr.backlogShape)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	readDispatched = func(context.Context) error { return nil }
+	if rr.diag != nil {
 		node := "Owner." + backlog.owner + ".Dispatched"
 		dispatched = map[string]history.ReadingName{backlog.name: history.ReadingDiagnostics + history.ReadingName(node)}
 		readDispatched = func(ctx context.Context) error {
-			v, err := uaclient.ReadValue(ctx, diag, ua.NewStringNodeID(1, node))
+			v, err := uaclient.ReadValue(ctx, rr.diag, ua.NewStringNodeID(1, node))
 			if err != nil {
 				return fmt.Errorf("read ns=1;s=%s: %w", node, err)
 			}
 			if n, ok := v.Value().(int64); ok {
-				rec.Reading(dispatched[backlog.name], float64(n))
+				rr.rec.Reading(dispatched[backlog.name], float64(n))
 			}
 			return nil
 		}
 		backlog.closed = readDispatched
 	}
+	return backlog, dispatched, readDispatched, nil
+}
+
+// closeVictims closes each of closers at a random time 1–2.5 s from now
+// (labelled close.<name>), in the background; wait waits for every close
+// and returns their errors.
+func closeVictims(ctx context.Context, rec *history.Recorder, rng *rand.Rand, closers []*victim) (wait func() error) {
 	var closed sync.WaitGroup
 	var closeErrs []error
 	var closeMu sync.Mutex
@@ -977,87 +1079,83 @@ func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmea
 			}
 		}()
 	}
+	return func() error {
+		closed.Wait()
+		return errors.Join(closeErrs...)
+	}
+}
+
+// breakConnections times out the connections of timedOut 2 s from now
+// (their reads in flight recorded first), opens the reset victims and
+// reads the session count with every victim open, then resets the reset
+// victims' connections a second later. It returns the reset victims.
+func (rr *raceRun) breakConnections(ctx context.Context, timedOut []*victim) (reset []*victim, err error) {
+	rec, e := rr.rec, rr.e
 	scenario.Sleep(ctx, 2*time.Second)
 	rec.Reading(readingInflightTimeout, float64(inflight(timedOut)))
-	if err := kill(ctx, r, faultTimeout, toxics.Timeout(toxics.Downstream, 500), time.Second); err != nil {
-		return err
+	if err := kill(ctx, rr.r, faultTimeout, toxics.Timeout(toxics.Downstream, 500), time.Second); err != nil {
+		return nil, err
 	}
 	for i := range victimsPerGroup {
-		v, err := open(e.VictimEndpoint, fmt.Sprintf("reset-%02d", i))
+		v, err := rr.open(ctx, e.VictimEndpoint, fmt.Sprintf("reset-%02d", i))
 		if err != nil {
-			return err
+			return nil, err
 		}
 		reset = append(reset, v)
 	}
-	var during uint32
-	if noSessionCount == "" {
-		if during, err = sessionCount(ctx, mon); err != nil {
-			return fmt.Errorf("read CurrentSessionCount: %w", err)
+	if rr.noSessionCount == "" {
+		if rr.during, err = sessionCount(ctx, rr.mon); err != nil {
+			return nil, fmt.Errorf("read CurrentSessionCount: %w", err)
 		}
 		// the assumption race-sessions-seen: the count saw the victims,
 		// or its return to the baseline proves nothing
-		rec.Reading(readingSessionsDuring, float64(during))
+		rec.Reading(readingSessionsDuring, float64(rr.during))
 	}
 	scenario.Sleep(ctx, time.Second)
 	rec.Reading(readingInflightReset, float64(inflight(reset)))
-	if err := kill(ctx, r, faultReset, toxics.ResetPeer(toxics.Downstream, 0), 500*time.Millisecond); err != nil {
-		return err
+	if err := kill(ctx, rr.r, faultReset, toxics.ResetPeer(toxics.Downstream, 0), 500*time.Millisecond); err != nil {
+		return nil, err
 	}
-	closed.Wait()
-	if err := errors.Join(closeErrs...); err != nil {
-		return err
-	}
-	for _, v := range append(timedOut, reset...) {
-		v.wg.Wait()
-	}
-	res := <-done
-	if res.err != nil {
-		return fmt.Errorf("run survivors: %w", res.err)
-	}
-	// every closed session's reads have ended
-	if err := readDispatched(ctx); err != nil {
-		return err
-	}
-	r.AddFigures("race.", res.st.Figures())
+	return reset, nil
+}
 
-	rec.Mark("waiting for CurrentSessionCount to return to its baseline", "")
-	// every reading is recorded; race-sessions-released judges the last
+// awaitSessions waits for CurrentSessionCount to return to its baseline,
+// at most sessionsSettle, recording every reading (race-sessions-released
+// judges the last), and reports the counts' figures.
+func (rr *raceRun) awaitSessions(ctx context.Context) error {
+	rr.rec.Mark("waiting for CurrentSessionCount to return to its baseline", "")
+	if rr.noSessionCount != "" {
+		return nil
+	}
 	settled := time.Now()
-	for deadline := settled.Add(sessionsSettle); noSessionCount == ""; {
-		n, err := sessionCount(ctx, mon)
+	for deadline := settled.Add(sessionsSettle); ; {
+		n, err := sessionCount(ctx, rr.mon)
 		if err != nil {
 			return fmt.Errorf("read CurrentSessionCount: %w", err)
 		}
-		rec.Reading(readingSessionsAfter, float64(n))
-		if n == baseline || time.Now().After(deadline) || ctx.Err() != nil {
+		rr.rec.Reading(readingSessionsAfter, float64(n))
+		if n == rr.baseline || time.Now().After(deadline) || ctx.Err() != nil {
 			break
 		}
 		scenario.Sleep(ctx, 100*time.Millisecond)
 	}
-	if noSessionCount == "" {
-		r.Figures["race.sessions.baseline"] = float64(baseline)
-		r.Figures["race.sessions.during"] = float64(during)
-		r.Figures["race.sessions.settle_s"] = time.Since(settled).Seconds()
-	}
+	rr.r.Figures["race.sessions.baseline"] = float64(rr.baseline)
+	rr.r.Figures["race.sessions.during"] = float64(rr.during)
+	rr.r.Figures["race.sessions.settle_s"] = time.Since(settled).Seconds()
+	return nil
+}
 
-	rec.Mark("measuring the probe after the storm", "")
-	after, err := probe(ctx, e, rec, string(readingProbeAfter), exp, "probe after")
+// probeAfter measures the probe after the storm and reports both probes'
+// medians and their ratio over before.
+func (rr *raceRun) probeAfter(ctx context.Context, exp *gmeasure.Experiment, before time.Duration) error {
+	rr.rec.Mark("measuring the probe after the storm", "")
+	after, err := probe(ctx, rr.e, rr.rec, string(readingProbeAfter), exp, "probe after")
 	if err != nil {
 		return err
 	}
-	r.Figures["race.probe.before_ms"] = float64(before) / float64(time.Millisecond)
-	r.Figures["race.probe.after_ms"] = float64(after) / float64(time.Millisecond)
-	r.Figures["race.probe.ratio"] = float64(after) / float64(before)
-
-	var backlogClose history.Op
-	for op := range rec.History().AllOps() {
-		if op.Session == backlog.name && op.Kind == history.KindCloseSession {
-			backlogClose = op
-		}
-	}
-	grace := rl.grace(rec.History())
-	r.Figures["race.close_grace_ms"] = float64(grace) / float64(time.Millisecond)
-	r.Check(raceChecks(cond, survivorsFrom, backlogClose, dispatched, grace, noSessionCount)...)
+	rr.r.Figures["race.probe.before_ms"] = float64(before) / float64(time.Millisecond)
+	rr.r.Figures["race.probe.after_ms"] = float64(after) / float64(time.Millisecond)
+	rr.r.Figures["race.probe.ratio"] = float64(after) / float64(before)
 	return nil
 }
 
