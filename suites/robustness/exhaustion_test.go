@@ -13,6 +13,7 @@ import (
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/attack"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
@@ -233,34 +234,7 @@ func exhaust(ctx context.Context, r *scenario.Run, attacks []attack.Attack, name
 	mw := watch.New(e, rec, watch.Options{})
 	defer closeWatch(ctx, mw)
 
-	// The probers: a fresh client every second, logging in as the
-	// target's first user (anonymous if it has none), over None and, on a
-	// secured condition, over the condition's mode too. They come from
-	// another peer than the attackers (the server's own endpoint, not the
-	// proxy's): a victim is another host, and a server may well cap what
-	// one peer address holds.
-	var user, password string
-	if us := tgt.Users; len(us) > 0 {
-		user, password = us[0].Name, us[0].Password
-	}
-	probeCfg := fresh.Config{Endpoint: e.DirectEndpoint, User: user, Password: password, Duration: 10 * time.Minute}
-	probers := []*fresh.Prober{fresh.Start(ctx, rec, probeCfg)}
-	if user != "" && h.Setup.Probe.Anonymous.OK {
-		// and a fresh anonymous client, where the target lets one in: an
-		// anonymous flood must not lock the next anonymous client out
-		anon := probeCfg
-		anon.User, anon.Password, anon.Client = "", "", anonymousProber
-		probers = append(probers, fresh.Start(ctx, rec, anon))
-	}
-	if e.Security.Secured() {
-		probeCfg.Security = e.Security
-		probers = append(probers, fresh.Start(ctx, rec, probeCfg))
-	}
-	stopProbers := func() {
-		for _, p := range probers {
-			p.Stop()
-		}
-	}
+	stopProbers := startProbers(ctx, rec, e)
 	defer stopProbers()
 	budget := 0.0
 	if e.Target.Diagnostics {
@@ -288,30 +262,7 @@ func exhaust(ctx context.Context, r *scenario.Run, attacks []attack.Attack, name
 		// its own attack's
 		rec.Mark(a.Name, mw.Settle(ctx, watch.SettleConfig{Within: exhaustSettle, Since: start}).String())
 	}
-	var checks []check.Spec
-	switch {
-	case tgt.MemoryBound > 0:
-		// declared (OPCUA_CHAOS_MEMORY_BOUND; the reference server's is
-		// built in): a server that lost its budget, reporting 0, is
-		// judged by the same bound
-		checks = append(checks, check.Spec{Name: "memory-peak", Config: check.MemoryPeakConfig{
-			Attacks: names, Bound: float64(tgt.MemoryBound), Baseline: baseline}})
-	case budget > 0:
-		checks = append(checks, check.Spec{Name: "memory-peak", Config: check.MemoryPeakConfig{
-			Attacks: names, BudgetReading: history.ReadingMemoryBudget, Factor: peakFactor, Slack: peakSlack, Baseline: baseline}})
-	}
-	// a target that throttles failed logins (OPCUA_CHAOS_LOGIN_THROTTLE;
-	// the reference server does): others may not, and are not judged;
-	// each guessing attack that runs is judged
-	if tgt.LoginThrottle && slices.Contains(names, attack.NameGuessManyUsers) {
-		checks = append(checks, check.Spec{Name: "guess-rate", Config: check.GuessRateConfig{Attack: attack.NameGuessManyUsers, Throttled: true, MaxRate: maxGuessRate}})
-	}
-	if tgt.LoginThrottle && slices.Contains(names, attack.NameGuessOneUser) {
-		// one user's password from every address the harness has, many
-		// guesses in flight: a budget per user, not per address
-		checks = append(checks, check.Spec{Name: "guess-rate-one-user", Config: check.GuessRateConfig{Attack: attack.NameGuessOneUser, Throttled: true, MaxRate: maxGuessRate}})
-	}
-	r.Check(checks...)
+	r.Check(exhaustChecks(tgt, names, budget, baseline)...)
 
 	rec.Mark("attacks", fmt.Sprintf("attacking: %d exhaustion attacks one after another, each holding for %v, fresh clients probing", len(attacks), exhaustHold))
 	var errs []error
@@ -342,6 +293,70 @@ func exhaust(ctx context.Context, r *scenario.Run, attacks []attack.Attack, name
 		return fmt.Errorf("send attacks: %w", err)
 	}
 	return nil
+}
+
+// startProbers starts the probers of an exhaustion run on e (fresh.Start)
+// and returns their stop, which may be called more than once.
+func startProbers(ctx context.Context, rec *history.Recorder, e *env.Env) (stop func()) {
+	// The probers: a fresh client every second, logging in as the
+	// target's first user (anonymous if it has none), over None and, on a
+	// secured condition, over the condition's mode too. They come from
+	// another peer than the attackers (the server's own endpoint, not the
+	// proxy's): a victim is another host, and a server may well cap what
+	// one peer address holds.
+	var user, password string
+	if us := e.Target.Users; len(us) > 0 {
+		user, password = us[0].Name, us[0].Password
+	}
+	probeCfg := fresh.Config{Endpoint: e.DirectEndpoint, User: user, Password: password, Duration: 10 * time.Minute}
+	probers := []*fresh.Prober{fresh.Start(ctx, rec, probeCfg)}
+	if user != "" && h.Setup.Probe.Anonymous.OK {
+		// and a fresh anonymous client, where the target lets one in: an
+		// anonymous flood must not lock the next anonymous client out
+		anon := probeCfg
+		anon.User, anon.Password, anon.Client = "", "", anonymousProber
+		probers = append(probers, fresh.Start(ctx, rec, anon))
+	}
+	if e.Security.Secured() {
+		probeCfg.Security = e.Security
+		probers = append(probers, fresh.Start(ctx, rec, probeCfg))
+	}
+	return func() {
+		for _, p := range probers {
+			p.Stop()
+		}
+	}
+}
+
+// exhaustChecks are the checks of an exhaustion run on tgt whose attacks
+// names ran after the baseline phase: the memory peak against the bound
+// tgt declares, else against the budget the server reported (0: none),
+// and the guessing attacks' rate where tgt throttles failed logins.
+func exhaustChecks(tgt target.Profile, names []string, budget float64, baseline history.Window) []check.Spec {
+	var checks []check.Spec
+	switch {
+	case tgt.MemoryBound > 0:
+		// declared (OPCUA_CHAOS_MEMORY_BOUND; the reference server's is
+		// built in): a server that lost its budget, reporting 0, is
+		// judged by the same bound
+		checks = append(checks, check.Spec{Name: "memory-peak", Config: check.MemoryPeakConfig{
+			Attacks: names, Bound: float64(tgt.MemoryBound), Baseline: baseline}})
+	case budget > 0:
+		checks = append(checks, check.Spec{Name: "memory-peak", Config: check.MemoryPeakConfig{
+			Attacks: names, BudgetReading: history.ReadingMemoryBudget, Factor: peakFactor, Slack: peakSlack, Baseline: baseline}})
+	}
+	// a target that throttles failed logins (OPCUA_CHAOS_LOGIN_THROTTLE;
+	// the reference server does): others may not, and are not judged;
+	// each guessing attack that runs is judged
+	if tgt.LoginThrottle && slices.Contains(names, attack.NameGuessManyUsers) {
+		checks = append(checks, check.Spec{Name: "guess-rate", Config: check.GuessRateConfig{Attack: attack.NameGuessManyUsers, Throttled: true, MaxRate: maxGuessRate}})
+	}
+	if tgt.LoginThrottle && slices.Contains(names, attack.NameGuessOneUser) {
+		// one user's password from every address the harness has, many
+		// guesses in flight: a budget per user, not per address
+		checks = append(checks, check.Spec{Name: "guess-rate-one-user", Config: check.GuessRateConfig{Attack: attack.NameGuessOneUser, Throttled: true, MaxRate: maxGuessRate}})
+	}
+	return checks
 }
 
 var _ = Describe("Resource exhaustion", spec.Property(property), Label("exhaustion"), func() {
