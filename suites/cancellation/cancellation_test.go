@@ -475,19 +475,6 @@ func experiment(name string) *gmeasure.Experiment {
 	return exp
 }
 
-// startNemesis draws a nemesis schedule over total from the run's seed
-// (replay with --seed), labels r's history with it, reports its number of
-// steps (nemesis.steps) and starts it now (nemesis.RunSchedule), on r's
-// target. It returns the schedule's wait, which the caller calls on every
-// way out, so that the step in place is undone before the environment
-// goes.
-func startNemesis(ctx context.Context, r *scenario.Run, total time.Duration) (wait func() error) {
-	steps := toxics.Schedule(r.Seed, total)
-	r.Rec.SetLabel("nemesis", fmt.Sprintf("%d steps from seed %d", len(steps), r.Seed))
-	r.Figures["nemesis.steps"] = float64(len(steps))
-	return nemesis.RunSchedule(ctx, r.Target, r.Rec, steps)
-}
-
 // stormExactlyOnce is every read of the cancel storm (of kind) answered
 // exactly once, and every Cancel's CancelCount the number of requests it
 // removed.
@@ -612,20 +599,8 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
 		rec, e := r.Rec, r.Env
 		rng := rand.New(rand.NewPCG(uint64(r.Seed), stream))
-
 		phase := func(name string, d time.Duration, sessions []load.Session) (time.Duration, error) {
-			start := rec.Now()
-			var st load.Stats
-			var err error
-			exp.MeasureDuration(name, func() {
-				st, err = load.Run(ctx, rec, load.Profile{Name: name, Endpoint: e.Endpoint, Duration: d, RequestTimeout: 30 * time.Second, Sessions: sessions, Security: e.Security})
-			})
-			if err != nil {
-				return start, fmt.Errorf("run %s phase: %w", name, err)
-			}
-			rec.Reading(history.ReadingSessionsFailed, float64(st.SessionsFailed))
-			r.AddFigures("storm."+name+".", map[string]float64{"requests": float64(st.Requests), "ok": float64(st.OK), "cancels": float64(st.Cancels), "req_s": st.Throughput()})
-			return start, nil
+			return stormPhase(ctx, r, exp, name, d, sessions)
 		}
 
 		// anonymous and user sessions: the anonymous limit bounds them
@@ -645,21 +620,11 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 		storm := stormSessions(e.Target, sl, "storm-")
 		svc := sl.serviceTime(rec.History(), before)
 		r.Figures["storm.service_ms"] = float64(svc) / float64(time.Millisecond)
-		var waited time.Duration
-		for i, c := range cancellers {
-			// judged by the assumption storm-slow-reads (Slow) and
-			// storm-exercised
-			l := medianLatency(rec.History(), sl.kind, fmt.Sprintf("before-%02d", i), before)
-			waited = max(waited, l)
-			storm[i].CancelEvery, storm[i].CancelAfter = c.every, c.delay(rng, sl, l, svc)
-			rec.SetLabel("cancel."+storm[i].Name, fmt.Sprintf("%s: every %d after %s (median latency before %s)", c.aim, c.every, storm[i].CancelAfter, l))
-			r.Figures[fmt.Sprintf("storm.cancel.%s.after_ms", storm[i].Name)] = float64(storm[i].CancelAfter) / float64(time.Millisecond)
-			r.Figures[fmt.Sprintf("storm.cancel.%s.median_before_ms", storm[i].Name)] = float64(l) / float64(time.Millisecond)
-		}
+		waited := aimCancels(r, rng, sl, storm, before, svc)
 		removed := rec.Fault("cancel-storm", fmt.Sprintf("%d sessions", len(storm)))
 		schedule := func() error { return nil }
 		if scheduled {
-			schedule = startNemesis(ctx, r, stormFor-2*time.Second)
+			schedule = r.StartSchedule(ctx, stormFor-2*time.Second)
 			defer func() { _ = schedule() }()
 		}
 		tStorm, err := phase("storm", stormFor, storm)
@@ -691,22 +656,66 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 			return fmt.Errorf("read diagnostics: %w", err)
 		}
 		r.AddFigures("storm.diag.", diag)
-		// where the Cancels landed: sent, and how many found the
-		// request still queued (CancelCount)
-		aims := map[string]string{}
-		for i, c := range cancellers {
-			aims[storm[i].Name] = c.aim
-		}
-		for op := range rec.History().AllOps() {
-			if aim, ok := aims[op.Session]; ok && op.Kind == history.KindCancel {
-				r.Figures["storm.cancel."+aim+".sent"]++
-				r.Figures["storm.cancel."+aim+".cancelled"] += float64(op.Count)
-			}
-		}
+		landed(r, storm)
 		r.Check(stormChecks(sl, before, during, after, tBurst, scheduled, waited, svc)...)
 		return nil
 	}
 	return s
+}
+
+// stormPhase runs one phase of the cancel storm on r's target: the load of
+// sessions for d (its duration measured in exp as name), recording how
+// many sessions could not be opened and reporting its figures under
+// storm.<name>. It returns when the phase started.
+func stormPhase(ctx context.Context, r *scenario.Run, exp *gmeasure.Experiment, name string, d time.Duration, sessions []load.Session) (time.Duration, error) {
+	rec, e := r.Rec, r.Env
+	start := rec.Now()
+	var st load.Stats
+	var err error
+	exp.MeasureDuration(name, func() {
+		st, err = load.Run(ctx, rec, load.Profile{Name: name, Endpoint: e.Endpoint, Duration: d, RequestTimeout: 30 * time.Second, Sessions: sessions, Security: e.Security})
+	})
+	if err != nil {
+		return start, fmt.Errorf("run %s phase: %w", name, err)
+	}
+	rec.Reading(history.ReadingSessionsFailed, float64(st.SessionsFailed))
+	r.AddFigures("storm."+name+".", map[string]float64{"requests": float64(st.Requests), "ok": float64(st.OK), "cancels": float64(st.Cancels), "req_s": st.Throughput()})
+	return start, nil
+}
+
+// aimCancels sets the Cancels of each storm session (one per canceller):
+// every how many requests, and after what delay (canceller.delay), drawn
+// from rng, the median latency of the same session's reads before the
+// storm (window before) and the read's service time svc; each is
+// labelled and reported. It returns the highest of those medians.
+func aimCancels(r *scenario.Run, rng *rand.Rand, sl stormLoad, storm []load.Session, before history.Window, svc time.Duration) (waited time.Duration) {
+	rec := r.Rec
+	for i, c := range cancellers {
+		// judged by the assumption storm-slow-reads (Slow) and
+		// storm-exercised
+		l := medianLatency(rec.History(), sl.kind, fmt.Sprintf("before-%02d", i), before)
+		waited = max(waited, l)
+		storm[i].CancelEvery, storm[i].CancelAfter = c.every, c.delay(rng, sl, l, svc)
+		rec.SetLabel("cancel."+storm[i].Name, fmt.Sprintf("%s: every %d after %s (median latency before %s)", c.aim, c.every, storm[i].CancelAfter, l))
+		r.Figures[fmt.Sprintf("storm.cancel.%s.after_ms", storm[i].Name)] = float64(storm[i].CancelAfter) / float64(time.Millisecond)
+		r.Figures[fmt.Sprintf("storm.cancel.%s.median_before_ms", storm[i].Name)] = float64(l) / float64(time.Millisecond)
+	}
+	return waited
+}
+
+// landed reports where the Cancels of the storm sessions landed, by aim:
+// sent, and how many found the request still queued (CancelCount).
+func landed(r *scenario.Run, storm []load.Session) {
+	aims := map[string]string{}
+	for i, c := range cancellers {
+		aims[storm[i].Name] = c.aim
+	}
+	for op := range r.Rec.History().AllOps() {
+		if aim, ok := aims[op.Session]; ok && op.Kind == history.KindCancel {
+			r.Figures["storm.cancel."+aim+".sent"]++
+			r.Figures["storm.cancel."+aim+".cancelled"] += float64(op.Count)
+		}
+	}
 }
 
 // raceCounted are the race spec's counts and stall bound under cond,
