@@ -14,7 +14,6 @@ import (
 	"github.com/onsi/gomega/gmeasure"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
@@ -187,43 +186,20 @@ var diagnosticNodes = []string{
 	"Channel.LowestResume", "Queue.Depth", "Counter.TooBusy",
 }
 
-// settle lets the monitor watch the server for drainSettle after the load
-// drained: what it still holds then is what it retains.
-func settle(ctx context.Context, mon *env.Monitor) {
-	if mon == nil {
-		return
-	}
-	scenario.Sleep(ctx, drainSettle)
-}
-
-// stopMonitor stops the monitor (watch.MonitorServer recorded its readings,
-// memory and CPU, into the history as it took them) and returns the
-// server's usage (nil for a target without container: memory is then not
-// judged, and the check says so).
-func stopMonitor(mon *env.Monitor) (*env.UsageSummary, error) {
-	if mon == nil {
-		return nil, nil
-	}
-	us, err := mon.Stop()
-	if err != nil {
-		return nil, fmt.Errorf("sample server usage: %w", err)
-	}
-	return &us, nil
-}
-
 // Client-side counts the checks read, recorded as readings.
 const (
 	readingAnsweredThrottled history.ReadingName = "client.answered_throttled"
 	readingRequestsSent      history.ReadingName = "client.requests_sent"
 )
 
-// diagnostics reads the reference server's backpressure counters at the
-// end of a run into its figures under prefix and records the
-// pending-response counters into its history for the backpressure check
-// (targets without the diagnostics report nothing).
-func diagnostics(ctx context.Context, r *scenario.Run, prefix string) {
+// diagnostics reads (where obs finds the server running) the reference
+// server's backpressure counters at the end of a run into its figures
+// under prefix and records the pending-response counters into its history
+// for the backpressure check (targets without the diagnostics report
+// nothing).
+func diagnostics(ctx context.Context, r *scenario.Run, obs *watch.Server, prefix string) {
 	e, rec, figs := r.Env, r.Rec, r.Figures
-	if !serverRuns(ctx, e, rec) {
+	if !obs.Runs(ctx) {
 		// A server that died under the load (e.g. killed for its
 		// memory limit) has no counters to read: survival names it.
 		rec.Mark("diagnostics", "not read: the server is not running")
@@ -253,14 +229,6 @@ func diagnostics(ctx context.Context, r *scenario.Run, prefix string) {
 // load (a session of its own, one Read of six nodes: milliseconds on a
 // server that serves).
 const diagnosticsTimeout = 15 * time.Second
-
-// serverRuns records a reading of the server container's state (its exit,
-// with the OOM kill, once it died: watch.State) for the survival check
-// and reports whether it runs; targets without a container record
-// nothing.
-func serverRuns(ctx context.Context, e *env.Env, rec *history.Recorder) bool {
-	return watch.New(e, rec, watch.Options{}).State(ctx)
-}
 
 // survival is the check that the server process lived through the spec
 // (readings of its container at the start and before the diagnostics):
@@ -349,15 +317,6 @@ var deepCatches = append(slices.Clone(catches), catalog.FaultLateResume)
 // that resumes reading late, with its counters and without them.
 var refillCatches = []catalog.Fault{catalog.FaultLateResume, catalog.FaultLateResumeSilent}
 
-// watchServer takes the first reading of the server's state (which
-// survival compares with) and starts the server's monitor (nil without a
-// server container). The runner has put the target under the scenario's
-// condition by then.
-func watchServer(ctx context.Context, r *scenario.Run) *env.Monitor {
-	serverRuns(ctx, r.Env, r.Rec)
-	return watch.MonitorServer(ctx, r.Env, r.Rec)
-}
-
 // profiler writes heap profiles of the load driver at offsets from now
 // (spec.ProfileDriver); its stop cancels those not written yet.
 type profiler func(ctx context.Context, at ...time.Duration) (stop func())
@@ -392,7 +351,7 @@ func nemesisSoak(runFor time.Duration, profile profiler, log io.Writer) scenario
 	}
 	s.Workload = func(ctx context.Context, r *scenario.Run) (err error) {
 		e, rec := r.Env, r.Rec
-		mon := watchServer(ctx, r)
+		obs := watch.ObserveServer(ctx, r.Env, r.Rec)
 		rss := load.SampleRSS(ctx, rec, 5*time.Second)
 		// what the driver keeps: heap profiles after warm-up (the trend
 		// checker's, a fifth of the run) and 10 s before the load ends
@@ -417,10 +376,10 @@ func nemesisSoak(runFor time.Duration, profile profiler, log io.Writer) scenario
 		if err != nil {
 			return fmt.Errorf("run load %s: %w", p.Name, err)
 		}
-		settle(ctx, mon)
+		obs.Linger(ctx, drainSettle)
 		rss()
 		counts()
-		us, err := stopMonitor(mon)
+		us, err := obs.Stop()
 		if err != nil {
 			return err
 		}
@@ -428,7 +387,7 @@ func nemesisSoak(runFor time.Duration, profile profiler, log io.Writer) scenario
 		sp := rec.History().SpillStats()
 		r.Figures["nemesis.history.spilled_ops"], r.Figures["nemesis.history.spilled_mib"] = float64(sp.Ops), float64(sp.Bytes)/(1<<20)
 		fmt.Fprintf(log, "history: %d ops spilled in %d segments, %.1f MiB on disk (%.1f B/op)\n", sp.Ops, sp.Segments, float64(sp.Bytes)/(1<<20), float64(sp.Bytes)/float64(max(sp.Ops, 1)))
-		diagnostics(ctx, r, "nemesis.diag.")
+		diagnostics(ctx, r, obs, "nemesis.diag.")
 		rec.Reading(history.ReadingSessionsOpened, float64(st.Sessions))
 		return nil
 	}
@@ -459,7 +418,7 @@ func deep(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 	}
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
 		e, rec := r.Env, r.Rec
-		mon := watchServer(ctx, r)
+		obs := watch.ObserveServer(ctx, r.Env, r.Rec)
 
 		fit, err := r.NeedSessions(fmt.Sprintf("%dx%d", deepSessions, deepOutstanding), target.AnySessions, deepSessions)
 		if err != nil {
@@ -476,13 +435,13 @@ func deep(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 			return fmt.Errorf("run load: %w", err)
 		}
 
-		settle(ctx, mon)
-		us, err := stopMonitor(mon)
+		obs.Linger(ctx, drainSettle)
+		us, err := obs.Stop()
 		if err != nil {
 			return err
 		}
 		r.AddFigures("", watch.LoadFigures("deep.", st, us))
-		diagnostics(ctx, r, "deep.diag.")
+		diagnostics(ctx, r, obs, "deep.diag.")
 		rec.Reading(history.ReadingSessionsOpened, float64(st.Sessions))
 		return nil
 	}
@@ -517,7 +476,7 @@ func refill(cond toxics.Condition) scenario.Scenario {
 	}
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
 		e, rec := r.Env, r.Rec
-		mon := watchServer(ctx, r)
+		obs := watch.ObserveServer(ctx, r.Env, r.Rec)
 
 		rec.Mark(fmt.Sprintf("pipelining %d Reads (1 of %v per %d of 6–10 ms) on one session for %s", refillOutstanding, refillLong, refillShorts+1, refillFor), "")
 		p := load.Profile{
@@ -528,12 +487,12 @@ func refill(cond toxics.Condition) scenario.Scenario {
 		if err != nil {
 			return fmt.Errorf("run load %s: %w", p.Name, err)
 		}
-		us, err := stopMonitor(mon)
+		us, err := obs.Stop()
 		if err != nil {
 			return err
 		}
 		r.AddFigures("", watch.LoadFigures("refill.", st, us))
-		diagnostics(ctx, r, "refill.diag.")
+		diagnostics(ctx, r, obs, "refill.diag.")
 		rec.Reading(history.ReadingSessionsOpened, float64(st.Sessions))
 		return nil
 	}
@@ -553,12 +512,13 @@ func slowReader(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenar
 	}
 	s.Workload = func(ctx context.Context, r *scenario.Run) (err error) {
 		e, rec := r.Env, r.Rec
-		mon := watchServer(ctx, r)
+		obs := watch.ObserveServer(ctx, r.Env, r.Rec)
 
 		rec.Mark(fmt.Sprintf("throttling responses to %d KB/s", slowKBps), "")
 		throttle := toxics.Bandwidth(toxics.Downstream, slowKBps)
 		throttle.Name = "slow-reader"
-		in, err := nemesis.Inject(ctx, r.Target, rec, nemesis.Toxics(throttle.Name, env.ProxyName, throttle))
+		// on the clients' proxy, as a condition's toxics are
+		in, err := nemesis.Inject(ctx, r.Target, rec, nemesis.Condition(toxics.Condition{Name: throttle.Name, Toxics: []toxics.Toxic{throttle}}))
 		if err != nil {
 			return fmt.Errorf("add %s toxic: %w", throttle.Type, err)
 		}
@@ -617,15 +577,15 @@ func slowReader(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenar
 		r.Figures["slow.drain_s"] = exp.GetStats("drain").DurationFor(gmeasure.StatMax).Seconds()
 		r.AddFigures("slow.", st.Figures())
 		// The reader is throttled on purpose: no client-bound verdict.
-		settle(ctx, mon)
-		us, err := stopMonitor(mon)
+		obs.Linger(ctx, drainSettle)
+		us, err := obs.Stop()
 		if err != nil {
 			return err
 		}
 		if us != nil {
 			r.AddFigures("slow.", us.Figures())
 		}
-		diagnostics(ctx, r, "slow.diag.")
+		diagnostics(ctx, r, obs, "slow.diag.")
 
 		rec.Reading(readingRequestsSent, float64(st.Requests))
 		return nil

@@ -20,7 +20,6 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/report"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/secure"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
@@ -608,7 +607,7 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 			return err
 		}
 		rec.SetLabel("storm.load", sl.what)
-		r.Figures["storm."+report.StandardNodes] = history.Flag(sl.standard)
+		r.StandardNodes("storm", sl.standard)
 		rec.Mark(fmt.Sprintf("%s on %d sessions without cancels", sl.what, len(cancellers)), "")
 		tBefore, err := phase("before", phaseFor, stormSessions(e.Target, sl, "before-"))
 		if err != nil {
@@ -941,7 +940,7 @@ func (rr *raceRun) prepare(ctx context.Context, exp *gmeasure.Experiment) (time.
 		return 0, err
 	}
 	rec.SetLabel("race.load", rr.rl.what)
-	rr.r.Figures["race."+report.StandardNodes] = history.Flag(rr.rl.standard)
+	rr.r.StandardNodes("race", rr.rl.standard)
 	rr.backlogShape = victimSpec{outstanding: backlogDepth, publishes: closerPublishes}
 	if u, err := e.Target.User(1); err == nil {
 		rr.backlogShape.user = &u

@@ -13,7 +13,6 @@ import (
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/attack"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
@@ -234,7 +233,7 @@ func exhaust(ctx context.Context, r *scenario.Run, attacks []attack.Attack, name
 	mw := watch.New(e, rec, watch.Options{})
 	defer closeWatch(ctx, mw)
 
-	stopProbers := startProbers(ctx, rec, e)
+	stopProbers := startProbers(ctx, r)
 	defer stopProbers()
 	budget := 0.0
 	if e.Target.Diagnostics {
@@ -295,9 +294,10 @@ func exhaust(ctx context.Context, r *scenario.Run, attacks []attack.Attack, name
 	return nil
 }
 
-// startProbers starts the probers of an exhaustion run on e (fresh.Start)
+// startProbers starts the probers of the exhaustion run r (fresh.Start)
 // and returns their stop, which may be called more than once.
-func startProbers(ctx context.Context, rec *history.Recorder, e *env.Env) (stop func()) {
+func startProbers(ctx context.Context, r *scenario.Run) (stop func()) {
+	e, rec := r.Env, r.Rec
 	// The probers: a fresh client every second, logging in as the
 	// target's first user (anonymous if it has none), over None and, on a
 	// secured condition, over the condition's mode too. They come from

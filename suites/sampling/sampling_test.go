@@ -12,7 +12,6 @@ import (
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/report"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/subscribe"
@@ -261,7 +260,7 @@ func delivers(items int) func(toxics.Condition) scenario.Scenario {
 			}
 			r.Check(samplingChecks(items, span, sm.mode)...)
 			r.Rec.Mark("sampled", sm.on)
-			r.Figures[s.Name+"."+report.StandardNodes] = history.Flag(sm.standard)
+			r.StandardNodes(s.Name, sm.standard)
 			// windows the host disturbed are left out of the fractions:
 			// the subscription goes on until 5 were quiet, at most 5 more
 			mq := scenario.NewMeasureQuiet(r.Rec, scenario.QuietFine(span), span.Count)
@@ -292,7 +291,7 @@ func delivers(items int) func(toxics.Condition) scenario.Scenario {
 				return fmt.Errorf("subscribe: %w", err)
 			}
 			r.AddFigures("", st.Figures())
-			r.Figures[report.HostExtended] = float64(mq.Extended())
+			r.AddFigures("", mq.Figures())
 			r.Rec.Reading(readingRevisedSampling, float64(st.RevisedSampling)/float64(time.Millisecond))
 			return nil
 		}
