@@ -14,7 +14,6 @@ import (
 	"github.com/onsi/gomega/gmeasure"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
@@ -158,7 +157,7 @@ func refillChecks() []check.Spec {
 			Idle:          true, IdleGap: refillIdleGap, MaxIdleShare: refillMaxIdleShare, IdleOutOfOrder: true,
 		}},
 		survival("refill-survival"),
-		sessionsOpened("refill-sessions", 1),
+		check.SessionsOpened("refill-sessions", 1),
 	}
 }
 
@@ -180,14 +179,6 @@ var securedDeepCatches = []catalog.Fault{catalog.FaultCryptoInGate}
 // judged are the op kinds the backpressure checks read.
 var judged = []history.Kind{history.KindRead, history.KindSession}
 
-// maxStall is the longest window without completions allowed under cond.
-func maxStall(cond toxics.Condition) time.Duration {
-	if len(cond.Toxics) > 0 || cond.NanoCPUs > 0 {
-		return 2 * time.Second
-	}
-	return time.Second
-}
-
 // diagnosticNodes are the reference server's backpressure counters (ns=1),
 // reported where the target serves them.
 var diagnosticNodes = []history.DiagnosticsNode{
@@ -195,55 +186,20 @@ var diagnosticNodes = []history.DiagnosticsNode{
 	history.NodeLowestResume, history.NodeQueueDepth, history.NodeTooBusy,
 }
 
-// settle lets the monitor watch the server for drainSettle after the load
-// drained: what it still holds then is what it retains.
-func settle(ctx context.Context, mon *env.Monitor) {
-	if mon == nil {
-		return
-	}
-	select {
-	case <-time.After(drainSettle):
-	case <-ctx.Done():
-	}
-}
-
-// stopMonitor stops the monitor (watch.MonitorServer recorded its readings,
-// memory and CPU, into the history as it took them) and returns the
-// server's usage (nil for a target without container: memory is then not
-// judged, and the check says so).
-func stopMonitor(mon *env.Monitor) (*env.UsageSummary, error) {
-	if mon == nil {
-		return nil, nil
-	}
-	us, err := mon.Stop()
-	if err != nil {
-		return nil, fmt.Errorf("sample server usage: %w", err)
-	}
-	return &us, nil
-}
-
 // Client-side counts the checks read, recorded as readings.
 const (
-	readingSessionsOpened    history.ReadingName = "client.sessions_opened"
 	readingAnsweredThrottled history.ReadingName = "client.answered_throttled"
 	readingRequestsSent      history.ReadingName = "client.requests_sent"
 )
 
-// sessionsOpened is the check that every session of the load opened.
-func sessionsOpened(name string, n int) check.Spec {
-	return check.Spec{Name: name, Config: check.ReadingsConfig{
-		Reading: readingSessionsOpened, Min: check.Bound(float64(n)), Max: check.Bound(float64(n)), Required: true, Count: true,
-		What: "sessions opened",
-	}}
-}
-
-// diagnostics reads the reference server's backpressure counters at the
-// end of a run into its figures under prefix and records the
-// pending-response counters into its history for the backpressure check
-// (targets without the diagnostics report nothing).
-func diagnostics(ctx context.Context, r *scenario.Run, prefix string) {
+// diagnostics reads (where obs finds the server running) the reference
+// server's backpressure counters at the end of a run into its figures
+// under prefix and records the pending-response counters into its history
+// for the backpressure check (targets without the diagnostics report
+// nothing).
+func diagnostics(ctx context.Context, r *scenario.Run, obs *watch.Server, prefix string) {
 	e, rec, figs := r.Env, r.Rec, r.Figures
-	if !serverRuns(ctx, e, rec) {
+	if !obs.Runs(ctx) {
 		// A server that died under the load (e.g. killed for its
 		// memory limit) has no counters to read: survival names it.
 		rec.Mark("diagnostics", "not read: the server is not running")
@@ -273,14 +229,6 @@ func diagnostics(ctx context.Context, r *scenario.Run, prefix string) {
 // load (a session of its own, one Read of six nodes: milliseconds on a
 // server that serves).
 const diagnosticsTimeout = 15 * time.Second
-
-// serverRuns records a reading of the server container's state (its exit,
-// with the OOM kill, once it died: watch.State) for the survival check
-// and reports whether it runs; targets without a container record
-// nothing.
-func serverRuns(ctx context.Context, e *env.Env, rec *history.Recorder) bool {
-	return watch.New(e, rec, watch.Options{}).State(ctx)
-}
 
 // survival is the check that the server process lived through the spec
 // (readings of its container at the start and before the diagnostics):
@@ -369,15 +317,6 @@ var deepCatches = append(slices.Clone(catches), catalog.FaultLateResume)
 // that resumes reading late, with its counters and without them.
 var refillCatches = []catalog.Fault{catalog.FaultLateResume, catalog.FaultLateResumeSilent}
 
-// watchServer takes the first reading of the server's state (which
-// survival compares with) and starts the server's monitor (nil without a
-// server container). The runner has put the target under the scenario's
-// condition by then.
-func watchServer(ctx context.Context, r *scenario.Run) *env.Monitor {
-	serverRuns(ctx, r.Env, r.Rec)
-	return watch.MonitorServer(ctx, r.Env, r.Rec)
-}
-
 // profiler writes heap profiles of the load driver at offsets from now
 // (spec.ProfileDriver); its stop cancels those not written yet.
 type profiler func(ctx context.Context, at ...time.Duration) (stop func())
@@ -401,7 +340,7 @@ func nemesisSoak(runFor time.Duration, profile profiler, log io.Writer) scenario
 			{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
 			backpressureCheck("nemesis-backpressure", deepGrowthMiB, deepRetainedMiB, ""),
 			survival("nemesis-survival"),
-			sessionsOpened("nemesis-sessions", deepSessions),
+			check.SessionsOpened("nemesis-sessions", deepSessions),
 			// over the soak: the server's memory does not keep growing
 			// and its throughput does not drift down
 			// and its sessions and connections do not keep growing
@@ -412,7 +351,7 @@ func nemesisSoak(runFor time.Duration, profile profiler, log io.Writer) scenario
 	}
 	s.Workload = func(ctx context.Context, r *scenario.Run) (err error) {
 		e, rec := r.Env, r.Rec
-		mon := watchServer(ctx, r)
+		obs := watch.ObserveServer(ctx, r.Env, r.Rec)
 		rss := load.SampleRSS(ctx, rec, 5*time.Second)
 		// what the driver keeps: heap profiles after warm-up (the trend
 		// checker's, a fifth of the run) and 10 s before the load ends
@@ -437,10 +376,10 @@ func nemesisSoak(runFor time.Duration, profile profiler, log io.Writer) scenario
 		if err != nil {
 			return fmt.Errorf("run load %s: %w", p.Name, err)
 		}
-		settle(ctx, mon)
+		obs.Linger(ctx, drainSettle)
 		rss()
 		counts()
-		us, err := stopMonitor(mon)
+		us, err := obs.Stop()
 		if err != nil {
 			return err
 		}
@@ -448,8 +387,8 @@ func nemesisSoak(runFor time.Duration, profile profiler, log io.Writer) scenario
 		sp := rec.History().SpillStats()
 		r.Figures["nemesis.history.spilled_ops"], r.Figures["nemesis.history.spilled_mib"] = float64(sp.Ops), float64(sp.Bytes)/(1<<20)
 		fmt.Fprintf(log, "history: %d ops spilled in %d segments, %.1f MiB on disk (%.1f B/op)\n", sp.Ops, sp.Segments, float64(sp.Bytes)/(1<<20), float64(sp.Bytes)/float64(max(sp.Ops, 1)))
-		diagnostics(ctx, r, "nemesis.diag.")
-		rec.Reading(readingSessionsOpened, float64(st.Sessions))
+		diagnostics(ctx, r, obs, "nemesis.diag.")
+		rec.Reading(history.ReadingSessionsOpened, float64(st.Sessions))
 		return nil
 	}
 	return s
@@ -470,16 +409,16 @@ func deep(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 			// Drained rejections count as errors: a server that
 			// pushes back never needs to refuse a pipeline.
 			{Name: "deep-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
-			{Name: "deep-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
+			{Name: "deep-stall", Config: check.StallConfig{Kinds: judged, GroupBy: check.BySession, MaxStall: scenario.MaxStall(cond)}},
 			{Name: "deep-exactly-once", Config: check.ExactlyOnceConfig{Kinds: judged}},
 			survival("deep-survival"),
-			sessionsOpened("deep-sessions", deepSessions),
+			check.SessionsOpened("deep-sessions", deepSessions),
 			scenario.Headroom(float64(cond.NanoCPUs) / 1e9),
 		},
 	}
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
 		e, rec := r.Env, r.Rec
-		mon := watchServer(ctx, r)
+		obs := watch.ObserveServer(ctx, r.Env, r.Rec)
 
 		fit, err := r.NeedSessions(fmt.Sprintf("%dx%d", deepSessions, deepOutstanding), target.AnySessions, deepSessions)
 		if err != nil {
@@ -496,14 +435,14 @@ func deep(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 			return fmt.Errorf("run load: %w", err)
 		}
 
-		settle(ctx, mon)
-		us, err := stopMonitor(mon)
+		obs.Linger(ctx, drainSettle)
+		us, err := obs.Stop()
 		if err != nil {
 			return err
 		}
 		r.AddFigures("", watch.LoadFigures("deep.", st, us))
-		diagnostics(ctx, r, "deep.diag.")
-		rec.Reading(readingSessionsOpened, float64(st.Sessions))
+		diagnostics(ctx, r, obs, "deep.diag.")
+		rec.Reading(history.ReadingSessionsOpened, float64(st.Sessions))
 		return nil
 	}
 	return s
@@ -537,7 +476,7 @@ func refill(cond toxics.Condition) scenario.Scenario {
 	}
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
 		e, rec := r.Env, r.Rec
-		mon := watchServer(ctx, r)
+		obs := watch.ObserveServer(ctx, r.Env, r.Rec)
 
 		rec.Mark(fmt.Sprintf("pipelining %d Reads (1 of %v per %d of 6–10 ms) on one session for %s", refillOutstanding, refillLong, refillShorts+1, refillFor), "")
 		p := load.Profile{
@@ -548,13 +487,13 @@ func refill(cond toxics.Condition) scenario.Scenario {
 		if err != nil {
 			return fmt.Errorf("run load %s: %w", p.Name, err)
 		}
-		us, err := stopMonitor(mon)
+		us, err := obs.Stop()
 		if err != nil {
 			return err
 		}
 		r.AddFigures("", watch.LoadFigures("refill.", st, us))
-		diagnostics(ctx, r, "refill.diag.")
-		rec.Reading(readingSessionsOpened, float64(st.Sessions))
+		diagnostics(ctx, r, obs, "refill.diag.")
+		rec.Reading(history.ReadingSessionsOpened, float64(st.Sessions))
 		return nil
 	}
 	return s
@@ -573,12 +512,13 @@ func slowReader(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenar
 	}
 	s.Workload = func(ctx context.Context, r *scenario.Run) (err error) {
 		e, rec := r.Env, r.Rec
-		mon := watchServer(ctx, r)
+		obs := watch.ObserveServer(ctx, r.Env, r.Rec)
 
 		rec.Mark(fmt.Sprintf("throttling responses to %d KB/s", slowKBps), "")
 		throttle := toxics.Bandwidth(toxics.Downstream, slowKBps)
 		throttle.Name = "slow-reader"
-		in, err := nemesis.Inject(ctx, r.Target, rec, nemesis.Toxics(throttle.Name, env.ProxyName, throttle))
+		// on the clients' proxy, as a condition's toxics are
+		in, err := nemesis.Inject(ctx, r.Target, rec, nemesis.Condition(toxics.Condition{Name: throttle.Name, Toxics: []toxics.Toxic{throttle}}))
 		if err != nil {
 			return fmt.Errorf("add %s toxic: %w", throttle.Type, err)
 		}
@@ -592,18 +532,10 @@ func slowReader(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenar
 			Name: "slow-reader", Endpoint: e.Endpoint, Duration: time.Minute, RequestTimeout: requestTimeout, Security: e.Security,
 			Sessions: []load.Session{{Name: "reader", Outstanding: slowDepth, MaxRequests: slowDepth, Requests: []load.Request{statusRead}}},
 		}
-		type result struct {
-			st  load.Stats
-			err error
-		}
 		// the load ends with the workload, whatever ended it
 		lctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		done := make(chan result, 1)
-		go func() {
-			st, err := load.Run(lctx, rec, p)
-			done <- result{st, err}
-		}()
+		wait := load.Start(lctx, rec, p)
 		select {
 		case <-time.After(throttleFor):
 		case <-ctx.Done():
@@ -635,26 +567,27 @@ func slowReader(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenar
 			return fmt.Errorf("remove %s toxic: %w", throttle.Type, err)
 		}
 		// once the reader catches up, the channel flows again
-		r.Check(check.Spec{Name: "slow-drain-stall", Config: check.StallConfig{Span: check.Span{From: drainFrom}, Kinds: judged, MaxStall: maxStall(cond)}})
-		var res result
-		exp.MeasureDuration("drain", func() { res = <-done })
-		if res.err != nil {
-			return fmt.Errorf("run load %s: %w", p.Name, res.err)
+		r.Check(check.Spec{Name: "slow-drain-stall", Config: check.StallConfig{Span: check.Span{From: drainFrom}, Kinds: judged, MaxStall: scenario.MaxStall(cond)}})
+		var st load.Stats
+		var lerr error
+		exp.MeasureDuration("drain", func() { st, lerr = wait() })
+		if lerr != nil {
+			return fmt.Errorf("run load %s: %w", p.Name, lerr)
 		}
 		r.Figures["slow.drain_s"] = exp.GetStats("drain").DurationFor(gmeasure.StatMax).Seconds()
-		r.AddFigures("slow.", res.st.Figures())
+		r.AddFigures("slow.", st.Figures())
 		// The reader is throttled on purpose: no client-bound verdict.
-		settle(ctx, mon)
-		us, err := stopMonitor(mon)
+		obs.Linger(ctx, drainSettle)
+		us, err := obs.Stop()
 		if err != nil {
 			return err
 		}
 		if us != nil {
 			r.AddFigures("slow.", us.Figures())
 		}
-		diagnostics(ctx, r, "slow.diag.")
+		diagnostics(ctx, r, obs, "slow.diag.")
 
-		rec.Reading(readingRequestsSent, float64(res.st.Requests))
+		rec.Reading(readingRequestsSent, float64(st.Requests))
 		return nil
 	}
 	return s

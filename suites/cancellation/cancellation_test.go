@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,9 +19,7 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/report"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/secure"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
@@ -152,13 +149,6 @@ func medianLatency(h history.History, kind history.Kind, session string, w histo
 	return ls[len(ls)/2]
 }
 
-// isReference reports whether the target is the reference server, which
-// takes its worker and queue sizes from the environment.
-func isReference() bool {
-	t := h.Setup.Target
-	return t.Kind == target.Container && t.Name == target.Reference.Name
-}
-
 // Close and reset races: survivors keep a mix of reads in flight while
 // victim sessions with slow reads in flight are closed, timed out or reset.
 const (
@@ -225,165 +215,10 @@ const (
 	faultVictims = "victims-"
 )
 
-// maxStall is the longest time without completions a survivor may see.
-func maxStall(cond toxics.Condition) time.Duration {
-	if len(cond.Toxics) > 0 || cond.NanoCPUs > 0 {
-		return 2 * time.Second
-	}
-	return time.Second
-}
-
-// victim is one gopcua session that keeps reads (slow, or of many
-// standard nodes) in flight until it is closed or its connection dies,
-// recording every read, each stamped with the server's response time.
-type victim struct {
-	name    string
-	owner   string
-	rec     *history.Recorder
-	c       *uaclient.Client
-	req     load.Request
-	wg      sync.WaitGroup
-	closing atomic.Bool
-	// inflight counts its reads sent and not yet ended.
-	inflight atomic.Int32
-	// closed is called right after the CloseSession response, if set;
-	// its error is close's.
-	closed func(ctx context.Context) error
-}
-
-// victimSpec shapes a victim: anonymous with victimOutstanding reads unless
-// set.
-type victimSpec struct {
-	// user, if set, gives the victim an owner of its own.
-	user *target.User
-	// outstanding is its number of reads in flight.
-	outstanding int
-	// publishes, if set, is its number of Publish requests parked on a
-	// subscription without items (victim.subscribe).
-	publishes int
-}
-
-// openVictim opens a victim session on endpoint with the channel security
-// sec, reading req; the open is recorded as a session op. The caller
-// closes its client once the run is over (victim.close closes it
-// earlier).
-func openVictim(ctx context.Context, rec *history.Recorder, sec secure.Config, endpoint, name string, req load.Request, vs ...victimSpec) (*victim, error) {
-	shape := victimSpec{outstanding: victimOutstanding}
-	if len(vs) > 0 {
-		shape = vs[0]
-	}
-	v := &victim{name: name, owner: "anonymous", rec: rec, req: req}
-	opts := []uaclient.Option{uaclient.RequestTimeout(victimRequestTimeout), uaclient.SessionTimeout(victimSessionTimeout), uaclient.Security(sec)}
-	if shape.user != nil {
-		v.owner = shape.user.Name
-		opts = append(opts, uaclient.User(shape.user.Name, shape.user.Password))
-	}
-	ref := rec.Invoke(v.op(history.KindSession, endpoint))
-	c, err := uaclient.Open(ctx, endpoint, opts...)
-	if err != nil {
-		rec.Fail(ref, 0, err)
-	} else {
-		rec.OK(ref)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open victim %s: %w", name, err)
-	}
-	v.c = c
-	if shape.publishes > 0 {
-		if err := v.subscribe(ctx, shape.publishes); err != nil {
-			return v, err
-		}
-	}
-	for range shape.outstanding {
-		v.wg.Add(1)
-		go func() {
-			defer v.wg.Done()
-			for !v.closing.Load() && v.read(ctx) {
-			}
-		}()
-	}
-	return v, nil
-}
-
-func (v *victim) op(kind history.Kind, node string) history.Op {
-	return history.Op{Client: v.name, Session: v.name, Owner: v.owner, Kind: kind, Node: node}
-}
-
-// read sends one read and records its outcome, stamped with the
-// server's response time (closed-session compares it with the close's);
-// false once the connection is gone. A read the server never answers on a
-// live connection (the client's timeout) is a lost response
-// (history.Lost).
-func (v *victim) read(ctx context.Context) bool {
-	ref := v.rec.Invoke(v.op(kindVictim, v.req.Node.String()))
-	v.inflight.Add(1)
-	// the client's own request timeout (victimRequestTimeout) bounds it
-	c, hdr := load.SendRequest(ctx, ctx, v.c, v.req.Message(), victimRequestTimeout)
-	v.inflight.Add(-1)
-	c.Value = serverTime(hdr)
-	// a read never answered is in the history as a lost response
-	// (race-exactly-once judges it)
-	v.rec.Complete(ref, c)
-	return c.Outcome != history.Info
-}
-
-// close closes the session with reads in flight, then waits for them (the
-// channel stays open until they are answered) and closes the client. It
-// returns the error of the closed callback; a failed CloseSession is in
-// the history.
-func (v *victim) close(ctx context.Context) error {
-	v.closing.Store(true)
-	ref := v.rec.Invoke(v.op(history.KindCloseSession, ""))
-	// sent here rather than by v.c.CloseSession, for the response's
-	// server timestamp
-	var auth *ua.NodeID
-	if s := v.c.Session(); s != nil {
-		auth = s.AuthToken
-	}
-	req := &ua.CloseSessionRequest{DeleteSubscriptions: true}
-	if resp, err := v.c.RoundTrip(ctx, req, auth); err != nil {
-		v.rec.Fail(ref, 0, err)
-	} else {
-		v.c.Detach() // closed: Close closes only the channel
-		// the handle gopcua gave it is its place in the channel's send
-		// order (closed-session: a read recorded before it may have
-		// gone out after it)
-		var handle uint32
-		if req.RequestHeader != nil {
-			handle = req.RequestHeader.RequestHandle
-		}
-		v.rec.Complete(ref, history.Completion{Outcome: history.OK, Value: serverTime(resp.Header()), Handle: handle, RequestID: handle})
-	}
-	var err error
-	if v.closed != nil {
-		err = v.closed(ctx)
-	}
-	v.wg.Wait()
-	_ = v.c.Close(ctx)
-	return err
-}
-
-// inflight is the number of vs' reads in flight.
-func inflight(vs []*victim) int {
-	n := 0
-	for _, v := range vs {
-		n += int(v.inflight.Load())
-	}
-	return n
-}
-
 // clientCloseTimeout bounds closing a client of the race spec (a
 // victim's, the monitor's, the diagnostics session's) once the run is
 // over.
 const clientCloseTimeout = 10 * time.Second
-
-// closeBounded closes c, bounded by clientCloseTimeout even when ctx has
-// ended; safe after an earlier Close.
-func closeBounded(ctx context.Context, c *uaclient.Client) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), clientCloseTimeout)
-	defer cancel()
-	_ = c.Close(cctx)
-}
 
 // kill hits the victims' proxy of r's target with tox for hold, recorded
 // as fault name; the toxic is removed whatever ended the hold.
@@ -393,19 +228,11 @@ func kill(ctx context.Context, r *scenario.Run, name string, tox toxics.Toxic, h
 	if err != nil {
 		return fmt.Errorf("add %s toxic: %w", tox.Type, err)
 	}
-	sleep(ctx, hold)
+	scenario.Sleep(ctx, hold)
 	if err := in.Undo(ctx); err != nil {
 		return fmt.Errorf("remove %s toxic: %w", tox.Type, err)
 	}
 	return nil
-}
-
-// sleep waits d or until the run ends.
-func sleep(ctx context.Context, d time.Duration) {
-	select {
-	case <-time.After(d):
-	case <-ctx.Done():
-	}
 }
 
 // probe opens a fresh session and samples the latency of probeReads
@@ -467,14 +294,6 @@ const (
 	readingInflightReset   history.ReadingName = "race.inflight." + faultReset
 )
 
-// sessionsOpened is the check that every session of every phase opened.
-func sessionsOpened(name string) check.Spec {
-	return check.Spec{Name: name, Config: check.ReadingsConfig{
-		Reading: history.ReadingSessionsFailed, Stat: check.StatMax, Max: check.Bound(0), Required: true, Count: true,
-		What: "sessions that could not be opened",
-	}}
-}
-
 // catches are the reference server's faults both specs are aimed at under
 // baseline: a cancelled request that keeps its queue slot and one that is
 // still dispatched.
@@ -515,19 +334,6 @@ func experiment(name string) *gmeasure.Experiment {
 	return exp
 }
 
-// startNemesis draws a nemesis schedule over total from the run's seed
-// (replay with --seed), labels r's history with it, reports its number of
-// steps (nemesis.steps) and starts it now (nemesis.RunSchedule), on r's
-// target. It returns the schedule's wait, which the caller calls on every
-// way out, so that the step in place is undone before the environment
-// goes.
-func startNemesis(ctx context.Context, r *scenario.Run, total time.Duration) (wait func() error) {
-	steps := toxics.Schedule(r.Seed, total)
-	r.Rec.SetLabel("nemesis", fmt.Sprintf("%d steps from seed %d", len(steps), r.Seed))
-	r.Figures["nemesis.steps"] = float64(len(steps))
-	return nemesis.RunSchedule(ctx, r.Target, r.Rec, steps)
-}
-
 // stormExactlyOnce is every read of the cancel storm (of kind) answered
 // exactly once, and every Cancel's CancelCount the number of requests it
 // removed.
@@ -563,7 +369,7 @@ func stormChecks(sl stormLoad, before, during, after history.Window, tBurst time
 		checks = append(checks, check.Assume("storm-slow-reads", check.MedianLatencyConfig{Span: check.Span{From: before.Start, To: before.End}, Kinds: reads, Sessions: beforeSessions, Min: service}))
 	}
 	checks = append(checks, []check.Spec{
-		sessionsOpened("storm-sessions"),
+		check.NoFailedSessions("storm-sessions"),
 		stormExactlyOnce(sl.kind),
 		stormExercised(sl.kind),
 		check.Spec{Name: "storm-errors", Config: check.ErrorBudgetConfig{
@@ -638,9 +444,9 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 		// its judgement (its timeout, an interrupt) saves its history
 		// judged by them. The others are known once the phases ran
 		// (stormChecks).
-		Checks: []check.Spec{sessionsOpened("storm-sessions"), stormExactlyOnce(sl.kind), stormExercised(sl.kind)},
+		Checks: []check.Spec{check.NoFailedSessions("storm-sessions"), stormExactlyOnce(sl.kind), stormExercised(sl.kind)},
 	}
-	if isReference() {
+	if h.Setup.Target.IsReference() {
 		s.Server = referenceStorm
 	}
 	if scheduled {
@@ -652,20 +458,8 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
 		rec, e := r.Rec, r.Env
 		rng := rand.New(rand.NewPCG(uint64(r.Seed), stream))
-
 		phase := func(name string, d time.Duration, sessions []load.Session) (time.Duration, error) {
-			start := rec.Now()
-			var st load.Stats
-			var err error
-			exp.MeasureDuration(name, func() {
-				st, err = load.Run(ctx, rec, load.Profile{Name: name, Endpoint: e.Endpoint, Duration: d, RequestTimeout: 30 * time.Second, Sessions: sessions, Security: e.Security})
-			})
-			if err != nil {
-				return start, fmt.Errorf("run %s phase: %w", name, err)
-			}
-			rec.Reading(history.ReadingSessionsFailed, float64(st.SessionsFailed))
-			r.AddFigures("storm."+name+".", map[string]float64{"requests": float64(st.Requests), "ok": float64(st.OK), "cancels": float64(st.Cancels), "req_s": st.Throughput()})
-			return start, nil
+			return stormPhase(ctx, r, exp, name, d, sessions)
 		}
 
 		// anonymous and user sessions: the anonymous limit bounds them
@@ -673,7 +467,7 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 			return err
 		}
 		rec.SetLabel("storm.load", sl.what)
-		r.Figures["storm."+report.StandardNodes] = b2f(sl.standard)
+		r.StandardNodes("storm", sl.standard)
 		rec.Mark(fmt.Sprintf("%s on %d sessions without cancels", sl.what, len(cancellers)), "")
 		tBefore, err := phase("before", phaseFor, stormSessions(e.Target, sl, "before-"))
 		if err != nil {
@@ -685,21 +479,11 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 		storm := stormSessions(e.Target, sl, "storm-")
 		svc := sl.serviceTime(rec.History(), before)
 		r.Figures["storm.service_ms"] = float64(svc) / float64(time.Millisecond)
-		var waited time.Duration
-		for i, c := range cancellers {
-			// judged by the assumption storm-slow-reads (Slow) and
-			// storm-exercised
-			l := medianLatency(rec.History(), sl.kind, fmt.Sprintf("before-%02d", i), before)
-			waited = max(waited, l)
-			storm[i].CancelEvery, storm[i].CancelAfter = c.every, c.delay(rng, sl, l, svc)
-			rec.SetLabel("cancel."+storm[i].Name, fmt.Sprintf("%s: every %d after %s (median latency before %s)", c.aim, c.every, storm[i].CancelAfter, l))
-			r.Figures[fmt.Sprintf("storm.cancel.%s.after_ms", storm[i].Name)] = float64(storm[i].CancelAfter) / float64(time.Millisecond)
-			r.Figures[fmt.Sprintf("storm.cancel.%s.median_before_ms", storm[i].Name)] = float64(l) / float64(time.Millisecond)
-		}
+		waited := aimCancels(r, rng, sl, storm, before, svc)
 		removed := rec.Fault("cancel-storm", fmt.Sprintf("%d sessions", len(storm)))
 		schedule := func() error { return nil }
 		if scheduled {
-			schedule = startNemesis(ctx, r, stormFor-2*time.Second)
+			schedule = r.StartSchedule(ctx, stormFor-2*time.Second)
 			defer func() { _ = schedule() }()
 		}
 		tStorm, err := phase("storm", stormFor, storm)
@@ -731,22 +515,66 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 			return fmt.Errorf("read diagnostics: %w", err)
 		}
 		r.AddFigures("storm.diag.", diag)
-		// where the Cancels landed: sent, and how many found the
-		// request still queued (CancelCount)
-		aims := map[string]string{}
-		for i, c := range cancellers {
-			aims[storm[i].Name] = c.aim
-		}
-		for op := range rec.History().AllOps() {
-			if aim, ok := aims[op.Session]; ok && op.Kind == history.KindCancel {
-				r.Figures["storm.cancel."+aim+".sent"]++
-				r.Figures["storm.cancel."+aim+".cancelled"] += float64(op.Count)
-			}
-		}
+		landed(r, storm)
 		r.Check(stormChecks(sl, before, during, after, tBurst, scheduled, waited, svc)...)
 		return nil
 	}
 	return s
+}
+
+// stormPhase runs one phase of the cancel storm on r's target: the load of
+// sessions for d (its duration measured in exp as name), recording how
+// many sessions could not be opened and reporting its figures under
+// storm.<name>. It returns when the phase started.
+func stormPhase(ctx context.Context, r *scenario.Run, exp *gmeasure.Experiment, name string, d time.Duration, sessions []load.Session) (time.Duration, error) {
+	rec, e := r.Rec, r.Env
+	start := rec.Now()
+	var st load.Stats
+	var err error
+	exp.MeasureDuration(name, func() {
+		st, err = load.Run(ctx, rec, load.Profile{Name: name, Endpoint: e.Endpoint, Duration: d, RequestTimeout: 30 * time.Second, Sessions: sessions, Security: e.Security})
+	})
+	if err != nil {
+		return start, fmt.Errorf("run %s phase: %w", name, err)
+	}
+	rec.Reading(history.ReadingSessionsFailed, float64(st.SessionsFailed))
+	r.AddFigures("storm."+name+".", map[string]float64{"requests": float64(st.Requests), "ok": float64(st.OK), "cancels": float64(st.Cancels), "req_s": st.Throughput()})
+	return start, nil
+}
+
+// aimCancels sets the Cancels of each storm session (one per canceller):
+// every how many requests, and after what delay (canceller.delay), drawn
+// from rng, the median latency of the same session's reads before the
+// storm (window before) and the read's service time svc; each is
+// labelled and reported. It returns the highest of those medians.
+func aimCancels(r *scenario.Run, rng *rand.Rand, sl stormLoad, storm []load.Session, before history.Window, svc time.Duration) (waited time.Duration) {
+	rec := r.Rec
+	for i, c := range cancellers {
+		// judged by the assumption storm-slow-reads (Slow) and
+		// storm-exercised
+		l := medianLatency(rec.History(), sl.kind, fmt.Sprintf("before-%02d", i), before)
+		waited = max(waited, l)
+		storm[i].CancelEvery, storm[i].CancelAfter = c.every, c.delay(rng, sl, l, svc)
+		rec.SetLabel("cancel."+storm[i].Name, fmt.Sprintf("%s: every %d after %s (median latency before %s)", c.aim, c.every, storm[i].CancelAfter, l))
+		r.Figures[fmt.Sprintf("storm.cancel.%s.after_ms", storm[i].Name)] = float64(storm[i].CancelAfter) / float64(time.Millisecond)
+		r.Figures[fmt.Sprintf("storm.cancel.%s.median_before_ms", storm[i].Name)] = float64(l) / float64(time.Millisecond)
+	}
+	return waited
+}
+
+// landed reports where the Cancels of the storm sessions landed, by aim:
+// sent, and how many found the request still queued (CancelCount).
+func landed(r *scenario.Run, storm []load.Session) {
+	aims := map[string]string{}
+	for i, c := range cancellers {
+		aims[storm[i].Name] = c.aim
+	}
+	for op := range r.Rec.History().AllOps() {
+		if aim, ok := aims[op.Session]; ok && op.Kind == history.KindCancel {
+			r.Figures["storm.cancel."+aim+".sent"]++
+			r.Figures["storm.cancel."+aim+".cancelled"] += float64(op.Count)
+		}
+	}
 }
 
 // raceCounted are the race spec's counts and stall bound under cond,
@@ -757,7 +585,7 @@ func cancelStorm(cond toxics.Condition, stream uint64, stormFor time.Duration, s
 func raceCounted(cond toxics.Condition) []check.Spec {
 	survivors := []history.Kind{history.KindRead, history.KindSlowRead, history.KindSession}
 	return []check.Spec{
-		{Name: "race-survivors-stall", Config: check.StallConfig{Kinds: survivors, GroupBy: check.BySession, MaxStall: maxStall(cond)}},
+		{Name: "race-survivors-stall", Config: check.StallConfig{Kinds: survivors, GroupBy: check.BySession, MaxStall: scenario.MaxStall(cond)}},
 		{Name: "race-survivors-errors", Config: check.ErrorBudgetConfig{Kinds: survivors, Drained: check.Codes{}}},
 		{Name: "race-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead, history.KindSlowRead, kindVictim}}},
 		// a closed session's reads are answered (BadSessionClosed
@@ -849,7 +677,7 @@ func races(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 		Property: property, Name: "race", Condition: cond,
 		Checks: raceCounted(cond),
 	}
-	if isReference() {
+	if h.Setup.Target.IsReference() {
 		// a known pool, so the backlog closer's pipeline queues: on
 		// standard reads, which take a worker a fraction of a
 		// millisecond, a small one
@@ -865,141 +693,243 @@ func races(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 	return s
 }
 
-// race is the workload of races.
+// race is the workload of races: the victims' proxy under cond, the
+// measurements before the storm (raceRun.prepare), the survivors' load
+// beside the victims' closes, timeouts and resets (raceRun.storm), then
+// the measurements after it (raceRun.awaitSessions, raceRun.probeAfter)
+// and the checks of what it measured.
 func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmeasure.Experiment) error {
-	rec, e := r.Rec, r.Env
 	// the victims' proxy is under the same condition, recorded as a
 	// fault window of its own
 	if len(cond.Toxics) > 0 {
-		in, err := nemesis.Inject(ctx, r.Target, rec, nemesis.Toxics(faultVictims+cond.Name, env.VictimProxyName, cond.Toxics...))
+		in, err := nemesis.Inject(ctx, r.Target, r.Rec, nemesis.Toxics(faultVictims+cond.Name, env.VictimProxyName, cond.Toxics...))
 		if err != nil {
 			return fmt.Errorf("apply %s to %s: %w", cond.Name, env.VictimProxyName, err)
 		}
 		defer func() { _ = in.Undo(ctx) }()
 	}
 	rng := rand.New(rand.NewPCG(uint64(r.Seed), uint64(100+ciIndex(cond))))
+	rr := &raceRun{r: r, rec: r.Rec, e: r.Env}
+	defer rr.close(ctx)
 
+	before, err := rr.prepare(ctx, exp)
+	if err != nil {
+		return err
+	}
+	survivorsFrom, backlog, dispatched, err := rr.storm(ctx, rng)
+	if err != nil {
+		return err
+	}
+	if err := rr.awaitSessions(ctx); err != nil {
+		return err
+	}
+	if err := rr.probeAfter(ctx, exp, before); err != nil {
+		return err
+	}
+
+	var backlogClose history.Op
+	for op := range rr.rec.History().AllOps() {
+		if op.Session == backlog.name && op.Kind == history.KindCloseSession {
+			backlogClose = op
+		}
+	}
+	grace := rr.rl.grace(rr.rec.History())
+	r.Figures["race.close_grace_ms"] = float64(grace) / float64(time.Millisecond)
+	r.Check(raceChecks(cond, survivorsFrom, backlogClose, dispatched, grace, rr.noSessionCount)...)
+	return nil
+}
+
+// raceRun is what the steps of one race workload share: its sessions and
+// what they measured on the way.
+type raceRun struct {
+	r   *scenario.Run
+	rec *history.Recorder
+	e   *env.Env
+	// rl is what the sessions read.
+	rl raceLoad
+	// mon reads the server's session count; diag, where the target
+	// counts its owners' dispatches, the backlog closer's owner's count
+	// (nil elsewhere).
+	mon, diag *uaclient.Client
+	// backlogShape shapes the backlog closer.
+	backlogShape victimSpec
+	// baseline and during are the session counts before the victims and
+	// with them open; noSessionCount, if set, says why the server has
+	// none (race-sessions-released is then not judged).
+	baseline, during uint32
+	noSessionCount   string
+	// opened are the victims opened so far.
+	opened []*victim
+}
+
+// close closes every victim's client (the closers' are closed earlier),
+// then the diagnostics and the monitor sessions, bounded by
+// clientCloseTimeout even once ctx has ended: once the run is over,
+// whatever ended it.
+func (rr *raceRun) close(ctx context.Context) {
+	for _, v := range rr.opened {
+		uaclient.CloseWithin(ctx, v.c, clientCloseTimeout)
+	}
+	for _, c := range []*uaclient.Client{rr.diag, rr.mon} {
+		if c != nil {
+			uaclient.CloseWithin(ctx, c, clientCloseTimeout)
+		}
+	}
+}
+
+// prepare measures the probe (its median is returned) and the session
+// count before the storm. It opens the monitor session, sizes the load
+// on it (newRaceLoad) and shapes the backlog closer: an owner of its own,
+// the target's second user, where it has one; where the target counts
+// its owners' dispatches, a diagnostics session reads that count. That
+// session is open before the session count's baseline is taken, so that
+// it is part of it.
+func (rr *raceRun) prepare(ctx context.Context, exp *gmeasure.Experiment) (time.Duration, error) {
+	rec, e := rr.rec, rr.e
 	rec.Mark("measuring a probe and the session count before the storm", "")
 	before, err := probe(ctx, e, rec, string(readingProbeBefore), exp, "probe before")
 	if err != nil {
-		return err
+		return 0, err
 	}
 	mon, err := uaclient.Open(ctx, e.Endpoint, uaclient.Security(e.Security))
 	if err != nil {
-		return fmt.Errorf("open monitor session: %w", err)
+		return 0, fmt.Errorf("open monitor session: %w", err)
 	}
-	defer closeBounded(ctx, mon)
-	rl, err := newRaceLoad(ctx, mon, e.Target)
-	if err != nil {
-		return err
+	rr.mon = mon
+	if rr.rl, err = newRaceLoad(ctx, mon, e.Target); err != nil {
+		return 0, err
 	}
-	rec.SetLabel("race.load", rl.what)
-	r.Figures["race."+report.StandardNodes] = b2f(rl.standard)
-	// The backlog closer (below) has an owner of its own, the target's
-	// second user, where it has one; where the target counts its owners'
-	// dispatches, a diagnostics session reads that count. It is open
-	// before the session count's baseline is taken, so that it is part
-	// of it.
-	backlogShape := victimSpec{outstanding: backlogDepth, publishes: closerPublishes}
+	rec.SetLabel("race.load", rr.rl.what)
+	rr.r.StandardNodes("race", rr.rl.standard)
+	rr.backlogShape = victimSpec{outstanding: backlogDepth, publishes: closerPublishes}
 	if u, err := e.Target.User(1); err == nil {
-		backlogShape.user = &u
+		rr.backlogShape.user = &u
 	}
-	var diag *uaclient.Client
-	if e.Target.Diagnostics && backlogShape.user != nil {
-		diag, err = uaclient.Open(ctx, e.DirectEndpoint, uaclient.Security(e.Security))
+	if e.Target.Diagnostics && rr.backlogShape.user != nil {
+		diag, err := uaclient.Open(ctx, e.DirectEndpoint, uaclient.Security(e.Security))
 		if err != nil {
-			return fmt.Errorf("open diagnostics session: %w", err)
+			return 0, fmt.Errorf("open diagnostics session: %w", err)
 		}
-		defer closeBounded(ctx, diag)
+		rr.diag = diag
 	}
 	// A server without the CurrentSessionCount node (S2OPC 1.7.3) leaves
 	// race-sessions-released not judged, naming the node; an error of
 	// the connection ends the run.
-	var noSessionCount string
 	baseline, err := sessionCount(ctx, mon)
 	switch {
 	case err != nil && isStatus(err):
-		noSessionCount = fmt.Sprintf("the server does not serve CurrentSessionCount (%s): %v", uaclient.CurrentSessionCount, err)
-		rec.SetLabel("race.sessions", noSessionCount)
+		rr.noSessionCount = fmt.Sprintf("the server does not serve CurrentSessionCount (%s): %v", uaclient.CurrentSessionCount, err)
+		rec.SetLabel("race.sessions", rr.noSessionCount)
 	case err != nil:
-		return fmt.Errorf("read CurrentSessionCount: %w", err)
+		return 0, fmt.Errorf("read CurrentSessionCount: %w", err)
 	default:
+		rr.baseline = baseline
 		rec.Reading(readingSessionsBaseline, float64(baseline))
 	}
+	return before, nil
+}
 
+// open opens a victim named name on endpoint reading the race's load,
+// kept for close.
+func (rr *raceRun) open(ctx context.Context, endpoint, name string, vs ...victimSpec) (*victim, error) {
+	v, err := openVictim(ctx, rr.rec, rr.e.Security, endpoint, name, rr.rl.victim, vs...)
+	if v != nil {
+		rr.opened = append(rr.opened, v)
+	}
+	return v, err
+}
+
+// storm serves the survivors while the victims are closed, timed out and
+// reset, and waits for all of them: the survivors' load, the closers
+// (closeVictims), the timeouts and resets (breakConnections) and the
+// victims whose connections died. It returns when the survivors started,
+// the backlog closer and the readings of its dispatch count (openBacklog).
+func (rr *raceRun) storm(ctx context.Context, rng *rand.Rand) (survivorsFrom time.Duration, backlog *victim, dispatched map[string]history.ReadingName, err error) {
+	rec, e := rr.rec, rr.e
 	rec.Mark("serving survivors while victims are closed, timed out and reset", "")
-	survivor := load.Session{Outstanding: 4, Requests: rl.survivor}
+	survivor := load.Session{Outstanding: 4, Requests: rr.rl.survivor}
 	if u, err := e.Target.User(0); err == nil {
 		// an owner of their own on servers that queue by user
 		survivor.User, survivor.Password = u.Name, u.Password
 	}
-	type result struct {
-		st  load.Stats
-		err error
-	}
-	done := make(chan result, 1)
-	survivorsFrom := rec.Now()
-	go func() {
-		st, err := load.Run(ctx, rec, load.Profile{Name: "survivors", Endpoint: e.Endpoint, Duration: raceFor, RequestTimeout: victimRequestTimeout, Security: e.Security,
-			Sessions: load.Sessions(2, "survivor-", survivor)})
-		done <- result{st, err}
-	}()
-	// every victim's client is closed once the run is over, whatever
-	// ended it (the closers' are closed earlier)
-	var opened []*victim
-	defer func() {
-		for _, v := range opened {
-			closeBounded(ctx, v.c)
-		}
-	}()
-	open := func(endpoint, name string, vs ...victimSpec) (*victim, error) {
-		v, err := openVictim(ctx, rec, e.Security, endpoint, name, rl.victim, vs...)
-		if v != nil {
-			opened = append(opened, v)
-		}
-		return v, err
-	}
-	var closers, timedOut, reset []*victim
+	survivorsFrom = rec.Now()
+	survivors := load.Start(ctx, rec, load.Profile{Name: "survivors", Endpoint: e.Endpoint, Duration: raceFor, RequestTimeout: victimRequestTimeout, Security: e.Security,
+		Sessions: load.Sessions(2, "survivor-", survivor)})
+	var closers, timedOut []*victim
 	for i := range victimsPerGroup {
-		c, err := open(e.Endpoint, fmt.Sprintf("closer-%02d", i), victimSpec{outstanding: victimOutstanding, publishes: closerPublishes})
+		c, err := rr.open(ctx, e.Endpoint, fmt.Sprintf("closer-%02d", i), victimSpec{outstanding: victimOutstanding, publishes: closerPublishes})
 		if err != nil {
-			return err
+			return 0, nil, nil, err
 		}
-		t, err := open(e.VictimEndpoint, fmt.Sprintf("timeout-%02d", i))
+		t, err := rr.open(ctx, e.VictimEndpoint, fmt.Sprintf("timeout-%02d", i))
 		if err != nil {
-			return err
+			return 0, nil, nil, err
 		}
 		closers, timedOut = append(closers, c), append(timedOut, t)
 	}
-	// The backlog closer: an owner of its own (the target's second user,
-	// where it has one) with a pipeline far deeper than its share of the
-	// workers, so most of its reads are queued when it is closed. They
-	// must be refused or go with the session, never run after the close.
-	// Where the target counts its owners' dispatches, the count is read
-	// right after the CloseSession response and once every victim
-	// drained: it must not grow in between.
-	backlog, err := open(e.Endpoint, "backlog-00", backlogShape)
+	backlog, dispatched, readDispatched, err := rr.openBacklog(ctx)
 	if err != nil {
-		return err
+		return 0, nil, nil, err
 	}
-	closers = append(closers, backlog)
-	var dispatched map[string]history.ReadingName
-	readDispatched := func(context.Context) error { return nil }
-	if diag != nil {
+	closed := closeVictims(ctx, rec, rng, append(closers, backlog))
+	reset, err := rr.breakConnections(ctx, timedOut)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	if err := closed(); err != nil {
+		return 0, nil, nil, err
+	}
+	for _, v := range append(timedOut, reset...) {
+		v.wg.Wait()
+	}
+	st, err := survivors()
+	if err != nil {
+		return 0, nil, nil, fmt.Errorf("run survivors: %w", err)
+	}
+	// every closed session's reads have ended
+	if err := readDispatched(ctx); err != nil {
+		return 0, nil, nil, err
+	}
+	rr.r.AddFigures("race.", st.Figures())
+	return survivorsFrom, backlog, dispatched, nil
+}
+
+// openBacklog opens the backlog closer: an owner of its own (the target's
+// second user, where it has one) with a pipeline far deeper than its
+// share of the workers, so most of its reads are queued when it is
+// closed. They must be refused or go with the session, never run after
+// the close. Where the target counts its owners' dispatches, the count
+// is read (readDispatched) right after the CloseSession response and
+// once every victim drained: it must not grow in between; dispatched
+// names its reading.
+func (rr *raceRun) openBacklog(ctx context.Context) (backlog *victim, dispatched map[string]history.ReadingName, readDispatched func(context.Context) error, err error) {
+	backlog, err = rr.open(ctx, rr.e.Endpoint, "backlog-00", rr.backlogShape)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	readDispatched = func(context.Context) error { return nil }
+	if rr.diag != nil {
 		node := history.OwnerNode(backlog.owner, history.OwnerDispatched)
 		dispatched = map[string]history.ReadingName{backlog.name: node.Reading()}
 		readDispatched = func(ctx context.Context) error {
-			v, err := uaclient.ReadValue(ctx, diag, ua.NewStringNodeID(1, string(node)))
+			v, err := uaclient.ReadValue(ctx, rr.diag, ua.NewStringNodeID(1, string(node)))
 			if err != nil {
 				return fmt.Errorf("read ns=1;s=%s: %w", node, err)
 			}
 			if n, ok := v.Value().(int64); ok {
-				rec.Reading(dispatched[backlog.name], float64(n))
+				rr.rec.Reading(dispatched[backlog.name], float64(n))
 			}
 			return nil
 		}
 		backlog.closed = readDispatched
 	}
+	return backlog, dispatched, readDispatched, nil
+}
+
+// closeVictims closes each of closers at a random time 1–2.5 s from now
+// (labelled close.<name>), in the background; wait waits for every close
+// and returns their errors.
+func closeVictims(ctx context.Context, rec *history.Recorder, rng *rand.Rand, closers []*victim) (wait func() error) {
 	var closed sync.WaitGroup
 	var closeErrs []error
 	var closeMu sync.Mutex
@@ -1009,7 +939,7 @@ func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmea
 		closed.Add(1)
 		go func() {
 			defer closed.Done()
-			sleep(ctx, at)
+			scenario.Sleep(ctx, at)
 			if err := v.close(ctx); err != nil {
 				closeMu.Lock()
 				closeErrs = append(closeErrs, fmt.Errorf("close %s: %w", v.name, err))
@@ -1017,87 +947,83 @@ func race(ctx context.Context, r *scenario.Run, cond toxics.Condition, exp *gmea
 			}
 		}()
 	}
-	sleep(ctx, 2*time.Second)
+	return func() error {
+		closed.Wait()
+		return errors.Join(closeErrs...)
+	}
+}
+
+// breakConnections times out the connections of timedOut 2 s from now
+// (their reads in flight recorded first), opens the reset victims and
+// reads the session count with every victim open, then resets the reset
+// victims' connections a second later. It returns the reset victims.
+func (rr *raceRun) breakConnections(ctx context.Context, timedOut []*victim) (reset []*victim, err error) {
+	rec, e := rr.rec, rr.e
+	scenario.Sleep(ctx, 2*time.Second)
 	rec.Reading(readingInflightTimeout, float64(inflight(timedOut)))
-	if err := kill(ctx, r, faultTimeout, toxics.Timeout(toxics.Downstream, 500), time.Second); err != nil {
-		return err
+	if err := kill(ctx, rr.r, faultTimeout, toxics.Timeout(toxics.Downstream, 500), time.Second); err != nil {
+		return nil, err
 	}
 	for i := range victimsPerGroup {
-		v, err := open(e.VictimEndpoint, fmt.Sprintf("reset-%02d", i))
+		v, err := rr.open(ctx, e.VictimEndpoint, fmt.Sprintf("reset-%02d", i))
 		if err != nil {
-			return err
+			return nil, err
 		}
 		reset = append(reset, v)
 	}
-	var during uint32
-	if noSessionCount == "" {
-		if during, err = sessionCount(ctx, mon); err != nil {
-			return fmt.Errorf("read CurrentSessionCount: %w", err)
+	if rr.noSessionCount == "" {
+		if rr.during, err = sessionCount(ctx, rr.mon); err != nil {
+			return nil, fmt.Errorf("read CurrentSessionCount: %w", err)
 		}
 		// the assumption race-sessions-seen: the count saw the victims,
 		// or its return to the baseline proves nothing
-		rec.Reading(readingSessionsDuring, float64(during))
+		rec.Reading(readingSessionsDuring, float64(rr.during))
 	}
-	sleep(ctx, time.Second)
+	scenario.Sleep(ctx, time.Second)
 	rec.Reading(readingInflightReset, float64(inflight(reset)))
-	if err := kill(ctx, r, faultReset, toxics.ResetPeer(toxics.Downstream, 0), 500*time.Millisecond); err != nil {
-		return err
+	if err := kill(ctx, rr.r, faultReset, toxics.ResetPeer(toxics.Downstream, 0), 500*time.Millisecond); err != nil {
+		return nil, err
 	}
-	closed.Wait()
-	if err := errors.Join(closeErrs...); err != nil {
-		return err
-	}
-	for _, v := range append(timedOut, reset...) {
-		v.wg.Wait()
-	}
-	res := <-done
-	if res.err != nil {
-		return fmt.Errorf("run survivors: %w", res.err)
-	}
-	// every closed session's reads have ended
-	if err := readDispatched(ctx); err != nil {
-		return err
-	}
-	r.AddFigures("race.", res.st.Figures())
+	return reset, nil
+}
 
-	rec.Mark("waiting for CurrentSessionCount to return to its baseline", "")
-	// every reading is recorded; race-sessions-released judges the last
+// awaitSessions waits for CurrentSessionCount to return to its baseline,
+// at most sessionsSettle, recording every reading (race-sessions-released
+// judges the last), and reports the counts' figures.
+func (rr *raceRun) awaitSessions(ctx context.Context) error {
+	rr.rec.Mark("waiting for CurrentSessionCount to return to its baseline", "")
+	if rr.noSessionCount != "" {
+		return nil
+	}
 	settled := time.Now()
-	for deadline := settled.Add(sessionsSettle); noSessionCount == ""; {
-		n, err := sessionCount(ctx, mon)
+	for deadline := settled.Add(sessionsSettle); ; {
+		n, err := sessionCount(ctx, rr.mon)
 		if err != nil {
 			return fmt.Errorf("read CurrentSessionCount: %w", err)
 		}
-		rec.Reading(readingSessionsAfter, float64(n))
-		if n == baseline || time.Now().After(deadline) || ctx.Err() != nil {
+		rr.rec.Reading(readingSessionsAfter, float64(n))
+		if n == rr.baseline || time.Now().After(deadline) || ctx.Err() != nil {
 			break
 		}
-		sleep(ctx, 100*time.Millisecond)
+		scenario.Sleep(ctx, 100*time.Millisecond)
 	}
-	if noSessionCount == "" {
-		r.Figures["race.sessions.baseline"] = float64(baseline)
-		r.Figures["race.sessions.during"] = float64(during)
-		r.Figures["race.sessions.settle_s"] = time.Since(settled).Seconds()
-	}
+	rr.r.Figures["race.sessions.baseline"] = float64(rr.baseline)
+	rr.r.Figures["race.sessions.during"] = float64(rr.during)
+	rr.r.Figures["race.sessions.settle_s"] = time.Since(settled).Seconds()
+	return nil
+}
 
-	rec.Mark("measuring the probe after the storm", "")
-	after, err := probe(ctx, e, rec, string(readingProbeAfter), exp, "probe after")
+// probeAfter measures the probe after the storm and reports both probes'
+// medians and their ratio over before.
+func (rr *raceRun) probeAfter(ctx context.Context, exp *gmeasure.Experiment, before time.Duration) error {
+	rr.rec.Mark("measuring the probe after the storm", "")
+	after, err := probe(ctx, rr.e, rr.rec, string(readingProbeAfter), exp, "probe after")
 	if err != nil {
 		return err
 	}
-	r.Figures["race.probe.before_ms"] = float64(before) / float64(time.Millisecond)
-	r.Figures["race.probe.after_ms"] = float64(after) / float64(time.Millisecond)
-	r.Figures["race.probe.ratio"] = float64(after) / float64(before)
-
-	var backlogClose history.Op
-	for op := range rec.History().AllOps() {
-		if op.Session == backlog.name && op.Kind == history.KindCloseSession {
-			backlogClose = op
-		}
-	}
-	grace := rl.grace(rec.History())
-	r.Figures["race.close_grace_ms"] = float64(grace) / float64(time.Millisecond)
-	r.Check(raceChecks(cond, survivorsFrom, backlogClose, dispatched, grace, noSessionCount)...)
+	rr.r.Figures["race.probe.before_ms"] = float64(before) / float64(time.Millisecond)
+	rr.r.Figures["race.probe.after_ms"] = float64(after) / float64(time.Millisecond)
+	rr.r.Figures["race.probe.ratio"] = float64(after) / float64(before)
 	return nil
 }
 

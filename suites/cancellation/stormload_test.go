@@ -99,11 +99,3 @@ func (sl stormLoad) serviceTime(h history.History, w history.Window) time.Durati
 	}
 	return max(slices.Min(ls), time.Microsecond)
 }
-
-// b2f is 1 for true, 0 for false: a figure of a yes/no.
-func b2f(b bool) float64 {
-	if b {
-		return 1
-	}
-	return 0
-}

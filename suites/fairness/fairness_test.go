@@ -12,7 +12,6 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/machine"
@@ -290,16 +289,12 @@ func runShare(name string, sh shape, tl timeline, owners []owner, checks func(ti
 		if _, err := sampler.Stop(); err != nil {
 			return fmt.Errorf("sample the server's queue depth: %w", err)
 		}
-		var us *env.UsageSummary
-		if mon != nil {
-			u, err := mon.Stop()
-			if err != nil {
-				return fmt.Errorf("sample server usage: %w", err)
-			}
-			us = &u
+		us, err := watch.StopMonitor(mon)
+		if err != nil {
+			return err
 		}
 		r.AddFigures("", watch.LoadFigures("", st, us))
-		r.Figures[report.HostExtended] = float64(mq.Extended())
+		r.AddFigures("", mq.Figures())
 		if sat != nil {
 			res, err := sat.Stop()
 			if err != nil {
@@ -366,7 +361,7 @@ func share(name string, cond toxics.Condition, sh shape, tl timeline, owners []o
 	}
 	run := s.Workload
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
-		r.Figures[name+"."+report.StandardNodes] = b2f(sh.nodes() == "standard")
+		r.StandardNodes(name, sh.nodes() == "standard")
 		return run(ctx, r)
 	}
 	if tl.nemesis {
@@ -523,13 +518,6 @@ func isolation(cond toxics.Condition, flood, victim target.User) scenario.Scenar
 		{flood.Name, flood.Password, 8},
 		{victim.Name, victim.Password, 2},
 	}, checks, target.CapabilityUsers)
-}
-
-func b2f(b bool) float64 {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 var _ = Describe("Fairness", spec.Property(property), func() {

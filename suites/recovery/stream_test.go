@@ -9,6 +9,7 @@ import (
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/reconnect"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
 )
@@ -95,10 +96,10 @@ type paced struct {
 // source timestamp, until every item changed paceChanges times or
 // paceWait passed, and returns its pace.
 func warmUp(ctx context.Context, st stream, sub *reconnect.Subscription) paced {
-	pause(ctx, warm)
+	scenario.Sleep(ctx, warm)
 	if st.mode == check.BySource {
 		for end := time.Now().Add(paceWait - warm); sub.Pace().Changes < paceChanges && time.Now().Before(end) && ctx.Err() == nil; {
-			pause(ctx, 100*time.Millisecond)
+			scenario.Sleep(ctx, 100*time.Millisecond)
 		}
 	}
 	return measure(st.mode, sub.Sampling, sub.Pace())

@@ -123,7 +123,7 @@ func exhaustion(only []string) func(toxics.Condition) scenario.Scenario {
 func exhaustionOf(only []string, cond toxics.Condition) scenario.Scenario {
 	limits := attack.ExhaustionLimits{Hold: exhaustHold, MaxSessions: floodSessions()}
 	s := scenario.Scenario{Property: property, Name: "exhaustion", Condition: cond}
-	if isReference() {
+	if h.Setup.Target.IsReference() {
 		s.Server = exhaustLimits
 		limits.MaxConnections = 300
 		limits.MaxSessions = min(cmp.Or(limits.MaxSessions, 200), 200)
@@ -233,34 +233,7 @@ func exhaust(ctx context.Context, r *scenario.Run, attacks []attack.Attack, name
 	mw := watch.New(e, rec, watch.Options{})
 	defer closeWatch(ctx, mw)
 
-	// The probers: a fresh client every second, logging in as the
-	// target's first user (anonymous if it has none), over None and, on a
-	// secured condition, over the condition's mode too. They come from
-	// another peer than the attackers (the server's own endpoint, not the
-	// proxy's): a victim is another host, and a server may well cap what
-	// one peer address holds.
-	var user, password string
-	if us := tgt.Users; len(us) > 0 {
-		user, password = us[0].Name, us[0].Password
-	}
-	probeCfg := fresh.Config{Endpoint: e.DirectEndpoint, User: user, Password: password, Duration: 10 * time.Minute}
-	probers := []*fresh.Prober{fresh.Start(ctx, rec, probeCfg)}
-	if user != "" && h.Setup.Probe.Anonymous.OK {
-		// and a fresh anonymous client, where the target lets one in: an
-		// anonymous flood must not lock the next anonymous client out
-		anon := probeCfg
-		anon.User, anon.Password, anon.Client = "", "", anonymousProber
-		probers = append(probers, fresh.Start(ctx, rec, anon))
-	}
-	if e.Security.Secured() {
-		probeCfg.Security = e.Security
-		probers = append(probers, fresh.Start(ctx, rec, probeCfg))
-	}
-	stopProbers := func() {
-		for _, p := range probers {
-			p.Stop()
-		}
-	}
+	stopProbers := startProbers(ctx, r)
 	defer stopProbers()
 	budget := 0.0
 	if e.Target.Diagnostics {
@@ -276,7 +249,7 @@ func exhaust(ctx context.Context, r *scenario.Run, attacks []attack.Attack, name
 	defer stopMem()
 	baseline := history.Window{Start: rec.Now()}
 	w.State(ctx)
-	sleep(ctx, exhaustBaseline)
+	scenario.Sleep(ctx, exhaustBaseline)
 	baseline.End = rec.Now()
 
 	runner := &attack.Runner{Endpoint: e.Endpoint, Direct: e.DirectEndpoint, Rec: rec, Seed: r.Seed}
@@ -288,6 +261,78 @@ func exhaust(ctx context.Context, r *scenario.Run, attacks []attack.Attack, name
 		// its own attack's
 		rec.Mark(a.Name, mw.Settle(ctx, watch.SettleConfig{Within: exhaustSettle, Since: start}).String())
 	}
+	r.Check(exhaustChecks(tgt, names, budget, baseline)...)
+
+	rec.Mark("attacks", fmt.Sprintf("attacking: %d exhaustion attacks one after another, each holding for %v, fresh clients probing", len(attacks), exhaustHold))
+	var errs []error
+	for _, a := range attacks {
+		tally, err := runner.Run(ctx, a)
+		errs = append(errs, err)
+		if tally.Lost() {
+			for range deathPolls {
+				if !w.State(ctx) {
+					break
+				}
+				scenario.Sleep(ctx, deathPoll)
+			}
+		}
+		w.State(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	// the lockout check's grace after the last attack
+	scenario.Sleep(ctx, check.DefaultLockoutGrace)
+	w.State(ctx)
+	stopMem()
+	stopProbers()
+	r.Figures["attacks.run"] = float64(len(attacks))
+	r.Figures["memory.budget_bytes"] = budget
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("send attacks: %w", err)
+	}
+	return nil
+}
+
+// startProbers starts the probers of the exhaustion run r (fresh.Start)
+// and returns their stop, which may be called more than once.
+func startProbers(ctx context.Context, r *scenario.Run) (stop func()) {
+	e, rec := r.Env, r.Rec
+	// The probers: a fresh client every second, logging in as the
+	// target's first user (anonymous if it has none), over None and, on a
+	// secured condition, over the condition's mode too. They come from
+	// another peer than the attackers (the server's own endpoint, not the
+	// proxy's): a victim is another host, and a server may well cap what
+	// one peer address holds.
+	var user, password string
+	if us := e.Target.Users; len(us) > 0 {
+		user, password = us[0].Name, us[0].Password
+	}
+	probeCfg := fresh.Config{Endpoint: e.DirectEndpoint, User: user, Password: password, Duration: 10 * time.Minute}
+	probers := []*fresh.Prober{fresh.Start(ctx, rec, probeCfg)}
+	if user != "" && h.Setup.Probe.Anonymous.OK {
+		// and a fresh anonymous client, where the target lets one in: an
+		// anonymous flood must not lock the next anonymous client out
+		anon := probeCfg
+		anon.User, anon.Password, anon.Client = "", "", anonymousProber
+		probers = append(probers, fresh.Start(ctx, rec, anon))
+	}
+	if e.Security.Secured() {
+		probeCfg.Security = e.Security
+		probers = append(probers, fresh.Start(ctx, rec, probeCfg))
+	}
+	return func() {
+		for _, p := range probers {
+			p.Stop()
+		}
+	}
+}
+
+// exhaustChecks are the checks of an exhaustion run on tgt whose attacks
+// names ran after the baseline phase: the memory peak against the bound
+// tgt declares, else against the budget the server reported (0: none),
+// and the guessing attacks' rate where tgt throttles failed logins.
+func exhaustChecks(tgt target.Profile, names []string, budget float64, baseline history.Window) []check.Spec {
 	var checks []check.Spec
 	switch {
 	case tgt.MemoryBound > 0:
@@ -311,37 +356,7 @@ func exhaust(ctx context.Context, r *scenario.Run, attacks []attack.Attack, name
 		// guesses in flight: a budget per user, not per address
 		checks = append(checks, check.Spec{Name: "guess-rate-one-user", Config: check.GuessRateConfig{Attack: attack.NameGuessOneUser, Throttled: true, MaxRate: maxGuessRate}})
 	}
-	r.Check(checks...)
-
-	rec.Mark("attacks", fmt.Sprintf("attacking: %d exhaustion attacks one after another, each holding for %v, fresh clients probing", len(attacks), exhaustHold))
-	var errs []error
-	for _, a := range attacks {
-		tally, err := runner.Run(ctx, a)
-		errs = append(errs, err)
-		if tally.Lost() {
-			for range deathPolls {
-				if !w.State(ctx) {
-					break
-				}
-				sleep(ctx, deathPoll)
-			}
-		}
-		w.State(ctx)
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	// the lockout check's grace after the last attack
-	sleep(ctx, check.DefaultLockoutGrace)
-	w.State(ctx)
-	stopMem()
-	stopProbers()
-	r.Figures["attacks.run"] = float64(len(attacks))
-	r.Figures["memory.budget_bytes"] = budget
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("send attacks: %w", err)
-	}
-	return nil
+	return checks
 }
 
 var _ = Describe("Resource exhaustion", spec.Property(property), Label("exhaustion"), func() {

@@ -21,7 +21,6 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/subscribe"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
@@ -114,31 +113,9 @@ func memoryCheck(baseline history.Window, from time.Duration, rounds []history.W
 // them unactivated.
 var referenceLimits = map[string]string{"OPCUA_MAX_SESSIONS": "200"}
 
-// maxStall is the longest time the victim may wait with Reads outstanding
-// and none answered; maxLatency the longest one Read may take.
-func maxStall(cond toxics.Condition) time.Duration {
-	if len(cond.Toxics) > 0 || cond.NanoCPUs > 0 {
-		return 2 * time.Second
-	}
-	return time.Second
-}
-
-func maxLatency(cond toxics.Condition) time.Duration { return maxStall(cond) }
-
-// isReference reports whether the target is the reference server, which
-// takes its limits from the environment.
-func isReference() bool {
-	t := h.Setup.Target
-	return t.Kind == target.Container && t.Name == target.Reference.Name
-}
-
-// sleep waits d or until the spec ends.
-func sleep(ctx context.Context, d time.Duration) {
-	select {
-	case <-time.After(d):
-	case <-ctx.Done():
-	}
-}
+// maxLatency is the longest one Read of the victim may take: as long as
+// it may wait with Reads outstanding and none answered (scenario.MaxStall).
+func maxLatency(cond toxics.Condition) time.Duration { return scenario.MaxStall(cond) }
 
 // closeWatch closes w's session, within 10 s even once the spec ended.
 func closeWatch(ctx context.Context, w *watch.Watch) {
@@ -262,7 +239,7 @@ func robustness(cond toxics.Condition, soakFor time.Duration, skipped *[]string)
 		// of the progress lines and the disk guard
 		s.Name, s.Planned = "rounds", soakFor
 	}
-	if isReference() {
+	if h.Setup.Target.IsReference() {
 		s.Server = referenceLimits
 	}
 	return s
@@ -298,11 +275,6 @@ func attackAll(ctx context.Context, r *scenario.Run, soakFor time.Duration, skip
 	w := watch.New(e, rec, watch.Options{Sessions: h.Setup.Probe.StandardDiagnostics.Found, Connections: e.Target.Diagnostics})
 	defer closeWatch(ctx, w)
 	mem := &memoryReadings{w: w, rec: rec}
-	readings := func() {
-		w.State(ctx)
-		mem.read(ctx)
-		w.Counts(ctx)
-	}
 
 	rec.Mark("victim", fmt.Sprintf("serving a victim: %d Reads/s on one session, a subscription where the target samples", victimRate))
 	v, err := startVictim(ctx, e, rec, runFor)
@@ -310,88 +282,14 @@ func attackAll(ctx context.Context, r *scenario.Run, soakFor time.Duration, skip
 		return err
 	}
 	defer v.close(ctx)
-	sleep(ctx, victimWarmup)
-	baseline := history.Window{Start: rec.Now()}
-	readings()
-	for range int(before / time.Second) {
-		sleep(ctx, time.Second)
-		readings()
-	}
-	baseline.End = rec.Now()
-
-	runner := &attack.Runner{Endpoint: e.Endpoint, Rec: rec, Seed: r.Seed}
-	if e.Target.ServiceTime {
-		runner.SlowNode = ua.NewStringNodeID(1, "Slow.300")
-	}
-	// The corrupt attack's connection goes through the second proxy, which
-	// carries nothing else: its toxic never touches the victim.
-	runner.Corrupter = &attack.Corrupter{Endpoint: e.VictimEndpoint, Add: func(ctx context.Context, t toxics.Toxic) (func(context.Context) error, error) {
-		return e.Proxy.Apply(ctx, env.VictimProxyName, []toxics.Toxic{t})
-	}}
-	baseSessions := -1.0
-	for o := range rec.History().AllOps() {
-		if o.Kind == history.KindSessionCount && o.Outcome == history.OK && baseline.Contains(o.Complete) {
-			baseSessions = max(baseSessions, o.Value)
-		}
-	}
-	a := &attacker{w: w, mem: mem, rec: rec, runner: runner, baseline: baseline, baseSessions: baseSessions, skipped: skipped, alive: true}
-
-	// windows are the rounds', each from its start to the next's (the
-	// last to the final readings)
-	windows := []history.Window{{Start: baseline.End}}
-	var (
-		memBack     bool
-		longest     time.Duration
-		cut         bool
-		lateRounds  []int
-		lateFrom    []time.Duration
-		soakRunning = soakFor > 0
-	)
-	for round := 1; ; round++ {
-		began := time.Now()
-		if round > 1 {
-			runner.Seed = r.Seed + int64(round-1)
-			windows = append(windows, history.Window{Start: rec.Now()})
-			windows[len(windows)-2].End = windows[len(windows)-1].Start
-		}
-		cut = a.round(ctx, round)
-		rec.Mark("settle", "waiting for sessions, connections and memory to return to their baseline, the victim still reading")
-		var sessionsBack bool
-		memBack, sessionsBack = a.waitSettled(ctx, a.attacked)
-		if !sessionsBack && len(lateRounds) < maxLateRounds {
-			lateRounds, lateFrom = append(lateRounds, round), append(lateFrom, a.attacked)
-		}
-		longest = max(longest, time.Since(began))
-		if !soakRunning || cut || ctx.Err() != nil {
-			break
-		}
-		if why := endRounds(ctx, a.alive, until, longest); why != "" {
-			rec.Mark("rounds-ended", fmt.Sprintf("after round %d: %s", round, why))
-			break
-		}
-	}
+	baseline := quietPhase(ctx, rec, w, mem)
+	a := &attacker{w: w, mem: mem, rec: rec, runner: newRunner(e, rec, r.Seed), baseline: baseline,
+		baseSessions: highestSessions(rec.History(), baseline), skipped: skipped, alive: true}
+	ran := a.rounds(ctx, r.Seed, soakFor > 0, until)
+	windows := ran.windows
 	var rounds []history.Window
-	if len(windows) == 1 && !memBack && a.alive {
-		// Out of its band: the same bursts again, to tell retention from
-		// a leak.
-		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < reserve+settle {
-			rec.Mark("memory-round-skipped", fmt.Sprintf("less than %v of the spec's time left", reserve+settle))
-		} else {
-			// memory out of its band: the bursts again, a second round
-			// (retention or a leak)
-			second := rec.Now()
-			rounds = []history.Window{{Start: baseline.End, End: second}}
-			rec.Mark("memory-round", "2")
-			for _, b := range bursts {
-				_, err := runner.Run(ctx, b)
-				a.errs = append(a.errs, err)
-				a.mem.read(ctx)
-				a.alive = w.State(ctx)
-			}
-			a.attacked = rec.Now()
-			a.waitSettled(ctx, a.attacked)
-			rounds = append(rounds, history.Window{Start: second})
-		}
+	if len(windows) == 1 && !ran.memBack && a.alive {
+		rounds = a.memoryRound(ctx)
 	}
 	stopped := rec.Now()
 	verr := v.finish(r)
@@ -409,14 +307,14 @@ func attackAll(ctx context.Context, r *scenario.Run, soakFor time.Duration, skip
 	r.Figures["attacks.run"] = float64(a.runs)
 	r.Figures["attacks.skipped"] = float64(len(*skipped))
 	checks := robustnessChecks(cond, a.ran, baseline, a.attacked, stopped, rounds, v.items)
-	if soakRunning {
+	if soakFor > 0 {
 		r.Figures["rounds"] = float64(len(windows))
 		// the sessions of the first rounds before the last that were not
 		// back when their wait ended, each judged on its own (the last
 		// round's are judged by "sessions")
-		for i, n := range lateRounds {
+		for i, n := range ran.lateRounds {
 			if n < len(windows) {
-				checks = append(checks, check.Spec{Name: fmt.Sprintf("sessions-round%d", n), Config: sessionsCheck(baseline, lateFrom[i])})
+				checks = append(checks, check.Spec{Name: fmt.Sprintf("sessions-round%d", n), Config: sessionsCheck(baseline, ran.lateFrom[i])})
 			}
 		}
 	}
@@ -428,6 +326,130 @@ func attackAll(ctx context.Context, r *scenario.Run, soakFor time.Duration, skip
 		return fmt.Errorf("run the victim: %w", verr)
 	}
 	return nil
+}
+
+// quietPhase lets the victim warm up, then takes the baseline readings
+// (the server's state, memory and counts) every second for before, and
+// returns the baseline phase.
+func quietPhase(ctx context.Context, rec *history.Recorder, w *watch.Watch, mem *memoryReadings) history.Window {
+	readings := func() {
+		w.State(ctx)
+		mem.read(ctx)
+		w.Counts(ctx)
+	}
+	scenario.Sleep(ctx, victimWarmup)
+	baseline := history.Window{Start: rec.Now()}
+	readings()
+	for range int(before / time.Second) {
+		scenario.Sleep(ctx, time.Second)
+		readings()
+	}
+	baseline.End = rec.Now()
+	return baseline
+}
+
+// newRunner is the attack runner of a robustness run on e, seeded with
+// seed: a slow node where the target has one, and the corrupt attack's
+// connection through the second proxy, which carries nothing else: its
+// toxic never touches the victim.
+func newRunner(e *env.Env, rec *history.Recorder, seed int64) *attack.Runner {
+	runner := &attack.Runner{Endpoint: e.Endpoint, Rec: rec, Seed: seed}
+	if e.Target.ServiceTime {
+		runner.SlowNode = ua.NewStringNodeID(1, "Slow.300")
+	}
+	runner.Corrupter = &attack.Corrupter{Endpoint: e.VictimEndpoint, Add: func(ctx context.Context, t toxics.Toxic) (func(context.Context) error, error) {
+		return e.Proxy.Apply(ctx, env.VictimProxyName, []toxics.Toxic{t})
+	}}
+	return runner
+}
+
+// highestSessions is the highest session count read in baseline, -1 if
+// none was.
+func highestSessions(h history.History, baseline history.Window) float64 {
+	n := -1.0
+	for o := range h.AllOps() {
+		if o.Kind == history.KindSessionCount && o.Outcome == history.OK && baseline.Contains(o.Complete) {
+			n = max(n, o.Value)
+		}
+	}
+	return n
+}
+
+// roundsRan is what the rounds of a robustness run left to judge.
+type roundsRan struct {
+	// windows are the rounds', each from its start to the next's (the
+	// last one's End is set once the final readings are taken).
+	windows []history.Window
+	// memBack says whether the memory was back in its band after the
+	// last round.
+	memBack bool
+	// lateRounds are the first rounds (at most maxLateRounds) whose
+	// sessions were not back when their wait ended, lateFrom when each
+	// one's attacks ended.
+	lateRounds []int
+	lateFrom   []time.Duration
+}
+
+// rounds runs the rounds of the attacks, each followed by the wait for
+// sessions, connections and memory to return: one round, or with soak
+// round after round until endRounds says to stop (until: the soak's end
+// less reserve), a round cut short by the spec's deadline, or the spec's
+// end. Round n > 1 draws from seed + n - 1.
+func (a *attacker) rounds(ctx context.Context, seed int64, soak bool, until time.Time) roundsRan {
+	rec := a.rec
+	ran := roundsRan{windows: []history.Window{{Start: a.baseline.End}}}
+	var longest time.Duration
+	for round := 1; ; round++ {
+		began := time.Now()
+		if round > 1 {
+			a.runner.Seed = seed + int64(round-1)
+			ran.windows = append(ran.windows, history.Window{Start: rec.Now()})
+			ran.windows[len(ran.windows)-2].End = ran.windows[len(ran.windows)-1].Start
+		}
+		cut := a.round(ctx, round)
+		rec.Mark("settle", "waiting for sessions, connections and memory to return to their baseline, the victim still reading")
+		var sessionsBack bool
+		ran.memBack, sessionsBack = a.waitSettled(ctx, a.attacked)
+		if !sessionsBack && len(ran.lateRounds) < maxLateRounds {
+			ran.lateRounds, ran.lateFrom = append(ran.lateRounds, round), append(ran.lateFrom, a.attacked)
+		}
+		longest = max(longest, time.Since(began))
+		if !soak || cut || ctx.Err() != nil {
+			break
+		}
+		if why := endRounds(ctx, a.alive, until, longest); why != "" {
+			rec.Mark("rounds-ended", fmt.Sprintf("after round %d: %s", round, why))
+			break
+		}
+	}
+	return ran
+}
+
+// memoryRound runs the bursts again after a single round that left the
+// memory out of its band, to tell retention from a leak, and returns the
+// two rounds' windows (the second's End is set once the final readings
+// are taken); none where less than reserve + settle of the spec's time
+// is left.
+func (a *attacker) memoryRound(ctx context.Context) []history.Window {
+	rec := a.rec
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < reserve+settle {
+		rec.Mark("memory-round-skipped", fmt.Sprintf("less than %v of the spec's time left", reserve+settle))
+		return nil
+	}
+	// memory out of its band: the bursts again, a second round
+	// (retention or a leak)
+	second := rec.Now()
+	rounds := []history.Window{{Start: a.baseline.End, End: second}}
+	rec.Mark("memory-round", "2")
+	for _, b := range bursts {
+		_, err := a.runner.Run(ctx, b)
+		a.errs = append(a.errs, err)
+		a.mem.read(ctx)
+		a.alive = a.w.State(ctx)
+	}
+	a.attacked = rec.Now()
+	a.waitSettled(ctx, a.attacked)
+	return append(rounds, history.Window{Start: second})
 }
 
 // endRounds says why a soak starts no further round, "" if it starts one:
@@ -520,7 +542,7 @@ func (a *attacker) round(ctx context.Context, n int) (cut bool) {
 				if !w.State(ctx) {
 					break
 				}
-				sleep(ctx, deathPoll)
+				scenario.Sleep(ctx, deathPoll)
 			}
 		}
 		if isBurst(b) {
@@ -556,7 +578,7 @@ func (a *attacker) waitSettled(ctx context.Context, from time.Duration) (memBack
 		if sessionsBack && (memBack || !a.alive) && time.Since(settled) >= after {
 			break
 		}
-		sleep(ctx, 500*time.Millisecond)
+		scenario.Sleep(ctx, 500*time.Millisecond)
 	}
 	return memBack, sessionsBack
 }
@@ -619,7 +641,7 @@ func robustnessChecks(cond toxics.Condition, ran []attack.Attack, baseline histo
 	checks := []check.Spec{
 		{Name: "survival", Config: check.SurvivalConfig{Attacks: names}},
 		{Name: "answers", Config: answers},
-		{Name: "victim-stall", Config: check.StallConfig{Span: check.Span{From: baseline.Start, To: stopped}, Kinds: reads, GroupBy: check.BySession, MaxStall: maxStall(cond), MaxLatency: maxLatency(cond)}},
+		{Name: "victim-stall", Config: check.StallConfig{Span: check.Span{From: baseline.Start, To: stopped}, Kinds: reads, GroupBy: check.BySession, MaxStall: scenario.MaxStall(cond), MaxLatency: maxLatency(cond)}},
 		{Name: "victim-errors", Config: check.ErrorBudgetConfig{Span: check.Span{To: stopped}, Kinds: reads, Drained: check.Codes{}}},
 		{Name: "victim-recovery", Config: check.RecoveryConfig{Baseline: baseline, Recovered: history.Window{Start: attacked, End: stopped}, Kinds: reads, MinRatio: minRatio}},
 		{Name: "sessions", Config: sessionsCheck(baseline, attacked)},
@@ -628,7 +650,7 @@ func robustnessChecks(cond toxics.Condition, ran []attack.Attack, baseline histo
 	}
 	if len(items) > 0 {
 		checks = append(checks, check.Spec{Name: "victim-sampling", Config: check.SamplingConfig{
-			Span: check.Span{From: baseline.Start, To: stopped}, Interval: subSampling, Items: items, MinFraction: subMinShare, MaxGap: maxStall(cond),
+			Span: check.Span{From: baseline.Start, To: stopped}, Interval: subSampling, Items: items, MinFraction: subMinShare, MaxGap: scenario.MaxStall(cond),
 		}}, check.Spec{Name: "victim-sequence", Config: check.SequenceConfig{
 			// hostile traffic on other connections is no reason to skip
 			// or lose a notification message of the victim's

@@ -12,7 +12,6 @@ import (
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/report"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/subscribe"
@@ -29,14 +28,6 @@ const property = "sampling"
 var h = spec.Bootstrap()
 
 func TestSampling(t *testing.T) { spec.RunSuite(t, property) }
-
-// b2f is 1 for true.
-func b2f(b bool) float64 {
-	if b {
-		return 1
-	}
-	return 0
-}
 
 const (
 	// interval is 100 Hz sampling (the o6 criterion).
@@ -90,11 +81,7 @@ func openSession(ctx context.Context, endpoint string, opts ...uaclient.Option) 
 	if err != nil {
 		return nil, nil, err
 	}
-	return c, func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sessionCloseTimeout)
-		defer cancel()
-		_ = c.Close(cctx)
-	}, nil
+	return c, func() { uaclient.CloseWithin(ctx, c, sessionCloseTimeout) }, nil
 }
 
 // stream is what the specs subscribe to and how its samples are counted
@@ -273,7 +260,7 @@ func delivers(items int) func(toxics.Condition) scenario.Scenario {
 			}
 			r.Check(samplingChecks(items, span, sm.mode)...)
 			r.Rec.Mark("sampled", sm.on)
-			r.Figures[s.Name+"."+report.StandardNodes] = b2f(sm.standard)
+			r.StandardNodes(s.Name, sm.standard)
 			// windows the host disturbed are left out of the fractions:
 			// the subscription goes on until 5 were quiet, at most 5 more
 			mq := scenario.NewMeasureQuiet(r.Rec, scenario.QuietFine(span), span.Count)
@@ -304,7 +291,7 @@ func delivers(items int) func(toxics.Condition) scenario.Scenario {
 				return fmt.Errorf("subscribe: %w", err)
 			}
 			r.AddFigures("", st.Figures())
-			r.Figures[report.HostExtended] = float64(mq.Extended())
+			r.AddFigures("", mq.Figures())
 			r.Rec.Reading(readingRevisedSampling, float64(st.RevisedSampling)/float64(time.Millisecond))
 			return nil
 		}

@@ -78,16 +78,9 @@ func flagCheck(name string, reading history.ReadingName, what string) check.Spec
 	}}
 }
 
-// flag returns 1 for true, 0 for false.
-func flag(ok bool) float64 {
-	if ok {
-		return 1
-	}
-	return 0
-}
-
 // openSession opens a session on endpoint (with the channel security of
-// opts, None by default); closeSession closes it.
+// opts, None by default); uaclient.CloseWithin closes it within
+// closeTimeout.
 func openSession(ctx context.Context, endpoint string, opts ...uaclient.Option) (*uaclient.Client, error) {
 	c, err := uaclient.Open(ctx, endpoint, opts...)
 	if err != nil {
@@ -111,12 +104,9 @@ func openRecorded(ctx context.Context, rec *history.Recorder, client, endpoint s
 	return c, nil
 }
 
-// closeSession closes c within 10 s, also once ctx has ended.
-func closeSession(ctx context.Context, c *uaclient.Client) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	_ = c.Close(cctx)
-}
+// closeTimeout bounds closing a workload's session, also once the spec
+// ended.
+const closeTimeout = 10 * time.Second
 
 // readServerState is the request of a workload step that reads
 // ServerStatus.State, which every server has (scenario.Step).
@@ -223,9 +213,9 @@ func readsStatus(cond toxics.Condition) scenario.Scenario {
 		if err != nil {
 			return err
 		}
-		defer closeSession(ctx, c)
+		defer uaclient.CloseWithin(ctx, c, closeTimeout)
 		v, err := uaclient.ReadValue(ctx, c, uaclient.ServerStatusState)
-		r.Rec.Reading(readingProxyRead, flag(err == nil))
+		r.Rec.Reading(readingProxyRead, history.Flag(err == nil))
 		if err != nil {
 			r.Rec.Mark("proxy read failed", err.Error())
 		} else {
@@ -240,10 +230,10 @@ func readsStatus(cond toxics.Condition) scenario.Scenario {
 		// fails direct-read (and identities), it does not break the run
 		direct, err := openRecorded(ctx, r.Rec, "direct", r.Env.DirectEndpoint, sec.Nth(1))
 		if err == nil {
-			defer closeSession(ctx, direct)
+			defer uaclient.CloseWithin(ctx, direct, closeTimeout)
 			_, err = uaclient.ReadValue(ctx, direct, uaclient.ServerStatusCurrentTime)
 		}
-		r.Rec.Reading(readingDirectRead, flag(err == nil))
+		r.Rec.Reading(readingDirectRead, history.Flag(err == nil))
 		if err != nil {
 			r.Rec.Mark("direct read failed", err.Error())
 		}
@@ -296,7 +286,7 @@ func latencyToxic(exp *gmeasure.Experiment) scenario.Scenario {
 		if err != nil {
 			return err
 		}
-		defer closeSession(ctx, c)
+		defer uaclient.CloseWithin(ctx, c, closeTimeout)
 		const n = 21
 
 		r.Rec.Mark("measuring the baseline", "")
@@ -357,7 +347,7 @@ func resetPeer() scenario.Scenario {
 		if err != nil {
 			return err
 		}
-		defer closeSession(ctx, c)
+		defer uaclient.CloseWithin(ctx, c, closeTimeout)
 		if _, err := uaclient.ReadValue(ctx, c, uaclient.ServerStatusState); err != nil {
 			return scenario.Step("read before the reset", readServerState, err)
 		}
@@ -377,7 +367,7 @@ func resetPeer() scenario.Scenario {
 		if err != nil {
 			return err
 		}
-		r.Rec.Reading(readingResetFailed, flag(failed != nil))
+		r.Rec.Reading(readingResetFailed, history.Flag(failed != nil))
 		if failed != nil {
 			r.Rec.Mark("read on the reset connection failed", failed.Error())
 		}
@@ -389,7 +379,7 @@ func resetPeer() scenario.Scenario {
 			return fmt.Errorf("remove the reset_peer toxic: %w", err)
 		}
 		err = readOnNewSession(ctx, r.Env.Endpoint)
-		r.Rec.Reading(readingNewSession, flag(err == nil))
+		r.Rec.Reading(readingNewSession, history.Flag(err == nil))
 		if err != nil {
 			r.Rec.Mark("new session after the reset not served", err.Error())
 		}
@@ -431,7 +421,7 @@ func readOnNewSession(ctx context.Context, endpoint string) error {
 	if err != nil {
 		return err
 	}
-	defer closeSession(ctx, fresh)
+	defer uaclient.CloseWithin(ctx, fresh, closeTimeout)
 	if _, err := uaclient.ReadValue(ctx, fresh, uaclient.ServerStatusState); err != nil {
 		return fmt.Errorf("read on a new session after the reset: %w", err)
 	}
@@ -465,7 +455,7 @@ func cpuLimit(exp *gmeasure.Experiment) scenario.Scenario {
 		if err != nil {
 			return err
 		}
-		defer closeSession(ctx, c)
+		defer uaclient.CloseWithin(ctx, c, closeTimeout)
 		busy := ua.NewStringNodeID(1, "Busy.2000")
 		const total, workers = 96, 8
 		if _, err := burst(ctx, c, busy, 16, workers); err != nil {

@@ -85,14 +85,6 @@ func exactlyOnce(name string) check.Spec {
 	return check.Spec{Name: name, Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead}}}
 }
 
-// sessionsOpened is the check that every session of every load opened.
-func sessionsOpened(name string) check.Spec {
-	return check.Spec{Name: name, Config: check.ReadingsConfig{
-		Reading: history.ReadingSessionsFailed, Stat: check.StatMax, Max: check.Bound(0), Required: true, Count: true,
-		What: "sessions that could not be opened",
-	}}
-}
-
 // wakeup is the scenario name under cond with the wakeup checks (named
 // after it; progress judged per groupBy) and the reference server's
 // worker pool set to workers (0: its default; other targets ignore it).
@@ -101,7 +93,7 @@ func wakeup(name string, cond toxics.Condition, workers int, groupBy string, w s
 		Property: property, Name: name, Condition: cond, Workload: w,
 		Labels: map[string]string{"workers": fmt.Sprint(workers)},
 		Checks: []check.Spec{stallCheck(name, groupBy, history.KindRead),
-			{Name: name + "-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce(name + "-exactly-once"), sessionsOpened(name + "-sessions")},
+			{Name: name + "-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce(name + "-exactly-once"), check.NoFailedSessions(name + "-sessions")},
 	}
 	if workers > 0 {
 		s.Server = map[string]string{"OPCUA_WORKERS": fmt.Sprint(workers)}
@@ -138,7 +130,7 @@ func nemesisSchedule(runFor time.Duration) scenario.Scenario {
 			{Name: "nemesis-stall", Config: check.StallConfig{GroupBy: check.BySession, MaxStall: 2 * time.Second, Kinds: []history.Kind{history.KindRead}}},
 			{Name: "nemesis-errors", Config: check.ErrorBudgetConfig{}},
 			{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead}}},
-			sessionsOpened("nemesis-sessions"),
+			check.NoFailedSessions("nemesis-sessions"),
 		},
 	}
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
