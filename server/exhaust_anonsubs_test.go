@@ -15,8 +15,8 @@ import (
 	"github.com/gopcua/opcua"
 	"github.com/gopcua/opcua/ua"
 
+	"github.com/opcua-chaos/opcua-chaos/internal/uawire"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
-	"github.com/opcua-chaos/opcua-chaos/server/uawire"
 )
 
 // subscribeRaw asks for a subscription publishing every ms on an

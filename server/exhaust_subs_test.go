@@ -16,10 +16,10 @@ import (
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
 
+	"github.com/opcua-chaos/opcua-chaos/internal/uawire"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/subscription"
-	"github.com/opcua-chaos/opcua-chaos/server/uawire"
 )
 
 // fastSubscription creates a subscription publishing every ms (revised

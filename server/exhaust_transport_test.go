@@ -12,9 +12,9 @@ import (
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
 
+	"github.com/opcua-chaos/opcua-chaos/internal/uawire"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
-	"github.com/opcua-chaos/opcua-chaos/server/uawire"
 )
 
 // Regression tests of issue 32 (resource exhaustion), transport side:

@@ -20,8 +20,8 @@ import (
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
 
+	"github.com/opcua-chaos/opcua-chaos/internal/uawire"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
-	"github.com/opcua-chaos/opcua-chaos/server/uawire"
 )
 
 // childEnv makes this test binary run TestServerChild as a server process

@@ -9,8 +9,8 @@ import (
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
 
+	"github.com/opcua-chaos/opcua-chaos/internal/uawire"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/subscription"
-	"github.com/opcua-chaos/opcua-chaos/server/uawire"
 )
 
 // Floods of valid requests that a server must bound (issue 14: Publish

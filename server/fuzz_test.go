@@ -11,7 +11,7 @@ import (
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
 
-	"github.com/opcua-chaos/opcua-chaos/server/uawire"
+	"github.com/opcua-chaos/opcua-chaos/internal/uawire"
 )
 
 // fuzzSeeds are valid encoded requests of every service the server serves

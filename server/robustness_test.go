@@ -24,8 +24,8 @@ import (
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
 
+	"github.com/opcua-chaos/opcua-chaos/internal/uawire"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
-	"github.com/opcua-chaos/opcua-chaos/server/uawire"
 )
 
 // Regression tests of issue 14 (hostile and malformed traffic), over the

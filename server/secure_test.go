@@ -29,8 +29,8 @@ import (
 	"github.com/gopcua/opcua/uacp"
 	"github.com/gopcua/opcua/uapolicy"
 
+	"github.com/opcua-chaos/opcua-chaos/internal/uasec"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
-	"github.com/opcua-chaos/opcua-chaos/server/uasec"
 )
 
 // testClientURI is the ApplicationUri of the test clients' certificates.

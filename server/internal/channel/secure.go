@@ -9,7 +9,7 @@ import (
 
 	"github.com/gopcua/opcua/ua"
 
-	"github.com/opcua-chaos/opcua-chaos/server/uasec"
+	"github.com/opcua-chaos/opcua-chaos/internal/uasec"
 )
 
 // Security is what a transport needs to accept secured channels: the

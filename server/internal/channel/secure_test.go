@@ -17,7 +17,7 @@ import (
 	"github.com/gopcua/opcua/uacp"
 	"github.com/gopcua/opcua/uapolicy"
 
-	"github.com/opcua-chaos/opcua-chaos/server/uawire"
+	"github.com/opcua-chaos/opcua-chaos/internal/uawire"
 )
 
 // credentials returns an RSA-2048 key and a self-signed certificate.

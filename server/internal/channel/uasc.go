@@ -17,9 +17,9 @@ import (
 	"github.com/gopcua/opcua/uacp"
 	"github.com/gopcua/opcua/uapolicy"
 
+	"github.com/opcua-chaos/opcua-chaos/internal/uasec"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/budget"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/uabin"
-	"github.com/opcua-chaos/opcua-chaos/server/uasec"
 )
 
 // IDs are the identifiers a server assigns to a new secure channel.

@@ -15,8 +15,8 @@ import (
 	"github.com/gopcua/opcua/ua"
 	"github.com/gopcua/opcua/uacp"
 
+	"github.com/opcua-chaos/opcua-chaos/internal/uawire"
 	"github.com/opcua-chaos/opcua-chaos/server/internal/uabin"
-	"github.com/opcua-chaos/opcua-chaos/server/uawire"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
