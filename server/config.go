@@ -138,9 +138,31 @@ func (fs Faults) Has(f catalog.Fault) bool { return fs[f] }
 // String lists the enabled faults, sorted, comma separated ("none" if empty).
 func (fs Faults) String() string { return switchList(fs) }
 
-// ParseFaults parses a comma separated list of fault names.
+// ParseFaults parses a comma separated list of fault names, each with
+// "=value" where the switch takes one (catalog.CheckFault); the values
+// are ParseFaultValues'.
 func ParseFaults(s string) (Faults, error) {
-	return parseSwitches[Faults](s, "fault", catalog.AllFaults())
+	fs, _, err := ParseFaultValues(s)
+	return fs, err
+}
+
+// ParseFaultValues parses a fault list as ParseFaults does and returns
+// the slow-read fault's value too (its default when the switch is given
+// without one; zero when it is off).
+func ParseFaultValues(s string) (Faults, catalog.SlowRead, error) {
+	set := Faults{}
+	var slow catalog.SlowRead
+	for _, item := range splitList(s) {
+		f, v, err := catalog.CheckFault(item)
+		if err != nil {
+			return nil, slow, err
+		}
+		set[f] = true
+		if f == catalog.FaultSlowRead {
+			slow, _ = catalog.ParseSlowRead(v) // checked by CheckFault
+		}
+	}
+	return set, slow, nil
 }
 
 // switchList lists the switches on in set, sorted, comma separated ("none"
@@ -414,6 +436,10 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Faults are the enabled fault switches.
 	Faults Faults
+	// SlowRead is the slow-read fault's work per Read (its default,
+	// catalog.DefaultSlowReadShare, when the fault is on and this is
+	// zero).
+	SlowRead catalog.SlowRead
 	// Quirks are the enabled quirk switches: conformant variations.
 	Quirks Quirks
 	// TrustDir is the folder of trusted client certificates under the
@@ -615,7 +641,7 @@ func LoadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 		}
 		cfg.HighMark, cfg.LowMark = h, l
 	}
-	if cfg.Faults, err = ParseFaults(*faults); err != nil {
+	if cfg.Faults, cfg.SlowRead, err = ParseFaultValues(*faults); err != nil {
 		return cfg, fmt.Errorf("OPCUA_FAULTS: %v", err)
 	}
 	if cfg.Quirks, err = ParseQuirks(*quirks); err != nil {

@@ -299,6 +299,9 @@ func (s *Server) execute(j *job) {
 	switch r := j.req.(type) {
 	case *ua.ReadRequest:
 		resp = s.read(ctx, r)
+		if s.slowRead != nil {
+			s.slowRead.read()
+		}
 		if s.cfg.Faults.Has(catalog.FaultRetainMemory) {
 			s.leak.retain(RetainPerRequest)
 		}

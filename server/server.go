@@ -72,6 +72,8 @@ type Server struct {
 	firstCert firstCertificate
 	// trickle is the memory kept by the trickle-leak fault
 	trickle leak
+	// slowRead is the slow-read fault's work per Read; nil when off.
+	slowRead *slowReadFault
 
 	// slots bounds the Reads admitted and not yet answered to the number
 	// of workers under the crypto-in-gate fault (see takeSlot); nil
@@ -249,6 +251,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Faults.Has(catalog.FaultCryptoInGate) {
 		s.slots = make(chan struct{}, s.workers())
+	}
+	if cfg.Faults.Has(catalog.FaultSlowRead) {
+		s.slowRead = newSlowRead(cfg.SlowRead)
 	}
 	s.newSubscriptions()
 	var seed [8]byte

@@ -310,6 +310,12 @@ const (
 	// logs in none (BadTooManySubscriptions), a lockout without
 	// credentials.
 	FaultAnonymousSubscriptionsUnshared Fault = "anonymous-subscriptions-unshared"
+	// FaultSlowRead adds busy CPU work to every Read request: a share of
+	// the server's measured CPU per Read (slow-read=10%) or a set
+	// duration (slow-read=20us); slow-read alone is DefaultSlowRead. A
+	// planted slowdown: every answer stays right, no property of the
+	// suites sees it; `make ab` does, a figure worse (FaultRow.ABFigure).
+	FaultSlowRead Fault = "slow-read"
 )
 
 // FaultRow is the catalog's row of one fault switch: what the harness and
@@ -339,8 +345,18 @@ type FaultRow struct {
 	// Specs says which specs are aimed at the fault and what their
 	// failure reads (Markdown). The specs of a suite carry the label
 	// themselves (spec.Catches), an exhaustion attack's take it from
-	// Attack; `make faults` proves they catch the fault.
+	// Attack; `make faults` proves they catch the fault. A fault with
+	// ABFigure says instead how `make ab` catches it.
 	Specs string
+	// ABFigure, when set, makes the fault a planted slowdown that no
+	// property of the suites catches: `make ab` catches it, reading this
+	// figure (a key of abresult.Figures, e.g. "server_cpu_us_per_req")
+	// worse. No spec is aimed at it, the fault matrix skips it (Caught)
+	// and the CI profile expects no spec to catch it (SuiteFaults).
+	ABFigure string
+	// Value, when set, says what value the switch takes after "=" (e.g.
+	// slow-read=10%); a switch without Value takes none (CheckFault).
+	Value string
 }
 
 // DefectPattern returns the pattern the first line of every failed spec
@@ -730,7 +746,27 @@ func Faults() []FaultRow {
 			Defect: `subscription-lockout: FAIL: subscriptions/anonymous-fill`,
 			Specs:  "resource exhaustion (`subscription-lockout`: `subscriptions/anonymous-fill: user \"user1\" was refused a subscription (BadTooManySubscriptions) at 2m13.908s while anonymous sessions held the 10000 they were granted; it got one at rest`: anonymous sessions pipeline CreateSubscription past the server's limit at a 60 s interval, then the user logs in and asks for one). In-process: `TestAnonymousSubscriptionShare`, `TestAnonymousPublishRateShare`",
 		},
+		{
+			Fault:    FaultSlowRead,
+			Bug:      "every Read request burns extra CPU: a share of the server's measured CPU per Read (`slow-read=10%`, the default) or a set duration (`slow-read=20us`); every answer stays right",
+			Value:    "PCT% of the measured CPU per Read, or a duration (e.g. 20us); default 10%",
+			ABFigure: "server_cpu_us_per_req",
+			Specs:    "none: a slowdown, not a broken property. Caught by `make ab` (`CAND=reference:faults=slow-read=10%`: server CPU per request worse), not by the suites; `make faults` skips it. In-process: `TestSlowReadAddsCPU`",
+		},
 	}
+}
+
+// SuiteFaults lists the fault switches the suites' specs catch (every
+// one but those `make ab` catches, FaultRow.ABFigure), in the order of
+// Faults: the faults the fault matrix runs and the CI profile covers.
+func SuiteFaults() []Fault {
+	var out []Fault
+	for _, r := range Faults() {
+		if r.ABFigure == "" {
+			out = append(out, r.Fault)
+		}
+	}
+	return out
 }
 
 // AllFaults lists every fault switch, in the order of Faults.

@@ -142,3 +142,28 @@ func TestMinSoak(t *testing.T) {
 		}
 	}
 }
+
+// TestABCaughtFaults: a fault `make ab` catches has no defect pattern,
+// attack or soak (no spec is aimed at it) and is left out of
+// SuiteFaults; every other fault is in it, in order.
+func TestABCaughtFaults(t *testing.T) {
+	var suite []Fault
+	for _, r := range Faults() {
+		if r.ABFigure == "" {
+			suite = append(suite, r.Fault)
+			continue
+		}
+		if r.Defect != "" || r.Attack != "" || r.MinSoak != 0 {
+			t.Errorf("fault %s is caught by make ab but has a spec's defect, attack or soak: %+v", r.Fault, r)
+		}
+	}
+	if !slices.Equal(SuiteFaults(), suite) || slices.Contains(SuiteFaults(), FaultSlowRead) {
+		t.Errorf("SuiteFaults() = %v", SuiteFaults())
+	}
+	if f, v, err := CheckFault("slow-read=5%"); f != FaultSlowRead || v != "5%" || err != nil {
+		t.Errorf("CheckFault(slow-read=5%%) = %s %q %v", f, v, err)
+	}
+	if _, _, err := CheckFault("unweighted=1"); err == nil {
+		t.Error("a value on a switch without one passed")
+	}
+}

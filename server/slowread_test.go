@@ -1,0 +1,147 @@
+package server
+
+import (
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gopcua/opcua/id"
+	"github.com/gopcua/opcua/ua"
+
+	"github.com/opcua-chaos/opcua-chaos/server/catalog"
+)
+
+// TestParseSlowRead: the switch takes a share, a duration or nothing
+// (the default share); anything else, or a value on a switch that takes
+// none, is refused with a line saying what it takes.
+func TestParseSlowRead(t *testing.T) {
+	for spec, want := range map[string]catalog.SlowRead{
+		"slow-read":                {Share: catalog.DefaultSlowReadShare},
+		"slow-read=5%":             {Share: 0.05},
+		"slow-read=20us":           {Fixed: 20 * time.Microsecond},
+		"unweighted,slow-read=1ms": {Fixed: time.Millisecond},
+	} {
+		fs, got, err := ParseFaultValues(spec)
+		if err != nil || !fs.Has(catalog.FaultSlowRead) || got != want {
+			t.Errorf("%s: %v %+v %v, want %+v", spec, fs, got, err, want)
+		}
+	}
+	for spec, want := range map[string]string{
+		"slow-read=fast": "want a share",
+		"slow-read=0%":   "above 0",
+		"slow-read=-1us": "duration above 0",
+		"slow-read=1s":   "at most 100ms",
+		"unweighted=3":   "takes no value",
+		"slow-reads=10%": `unknown fault "slow-reads"`,
+	} {
+		if _, _, err := ParseFaultValues(spec); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: err %v, want %q", spec, err, want)
+		}
+	}
+}
+
+// TestSlowReadEstimate: the CPU per Read is the process's CPU over a
+// window's Reads without the fault's own work; a quiet window keeps the
+// last estimate.
+func TestSlowReadEstimate(t *testing.T) {
+	var cpu time.Duration
+	sr := newSlowRead(catalog.SlowRead{Share: 0.5})
+	sr.cpu = func() (time.Duration, bool) { return cpu, true }
+	sr.estimate() // the first window starts
+	sr.reads.Add(1000)
+	sr.burnt.Add(int64(20 * time.Millisecond))
+	cpu += 70 * time.Millisecond // 50 ms of Reads, 20 ms of the fault's work
+	sr.estimate()
+	if got := time.Duration(sr.perRead.Load()); got != 50*time.Microsecond {
+		t.Errorf("per Read %v, want 50µs", got)
+	}
+	if got := sr.work(); got != 25*time.Microsecond {
+		t.Errorf("work %v, want half of 50µs", got)
+	}
+	sr.reads.Add(slowReadMinReads - 1)
+	cpu += time.Second // idle CPU over too few Reads
+	sr.estimate()
+	if got := time.Duration(sr.perRead.Load()); got != 50*time.Microsecond {
+		t.Errorf("a quiet window changed the estimate to %v", got)
+	}
+	if got := newSlowRead(catalog.SlowRead{}).cfg.Share; got != catalog.DefaultSlowReadShare {
+		t.Errorf("default share %g", got)
+	}
+}
+
+// TestSlowReadBurnsCPU: the work is the thread's CPU, not a wait.
+func TestSlowReadBurnsCPU(t *testing.T) {
+	if _, ok := threadCPU(); !ok {
+		t.Skip("no thread CPU clock on this system")
+	}
+	sr := newSlowRead(catalog.SlowRead{Fixed: 2 * time.Millisecond})
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	before, _ := threadCPU()
+	spun := sr.burn(2 * time.Millisecond)
+	after, _ := threadCPU()
+	if used := after - before; used < 2*time.Millisecond || spun < 2*time.Millisecond || used > 20*time.Millisecond {
+		t.Errorf("burn(2ms) used %v of the thread's CPU (reported %v)", used, spun)
+	}
+}
+
+// TestSlowReadAddsCPU: with slow-read on, every Read costs the process
+// about its set work more CPU (measured with the process's CPU clock,
+// generous bounds: the client runs in this process too), and a share
+// adds about that share of the measured CPU per Read; a Browse costs
+// what it costs without the fault.
+func TestSlowReadAddsCPU(t *testing.T) {
+	if _, ok := processCPU(); !ok {
+		t.Skip("no process CPU clock on this system")
+	}
+	const fixed = 400 * time.Microsecond
+	value := &ua.ReadValueID{NodeID: ua.NewNumericNodeID(0, id.Server_ServerStatus_CurrentTime), AttributeID: ua.AttributeIDValue}
+	objects := hierarchical(ua.NewNumericNodeID(0, id.ObjectsFolder))
+	// perRequest is the process's CPU per request of n requests by f
+	perRequest := func(n int, f func()) time.Duration {
+		for range n / 4 { // warm up
+			f()
+		}
+		a, _ := processCPU()
+		for range n {
+			f()
+		}
+		b, _ := processCPU()
+		return (b - a) / time.Duration(n)
+	}
+	measure := func(spec string) (read, brow time.Duration, srv *Server) {
+		fs, slow, err := ParseFaultValues(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		endpoint, s := startServer(t, Config{Faults: fs, SlowRead: slow})
+		c := connect(t, endpoint, anonymous(t, endpoint))
+		// a share applies from the first estimate of the CPU per Read on
+		for i := 0; s.slowRead != nil && s.slowRead.cfg.Share > 0 && s.slowRead.perRead.Load() == 0 && i < 20000; i++ {
+			readValues(t, c, value.NodeID)
+		}
+		read = perRequest(2000, func() { readValues(t, c, value.NodeID) })
+		brow = perRequest(1000, func() { browse(t, c, browseRequest(objects)) })
+		return read, brow, s
+	}
+	offRead, offBrowse, _ := measure("")
+	onRead, onBrowse, _ := measure("slow-read=" + fixed.String())
+	t.Logf("CPU per Read %v without the fault, %v with slow-read=%v; per Browse %v, %v", offRead, onRead, fixed, offBrowse, onBrowse)
+	if added := onRead - offRead; added < fixed/2 || added > 3*fixed {
+		t.Errorf("slow-read=%v added %v of CPU per Read", fixed, added)
+	}
+	if added := onBrowse - offBrowse; added > fixed/2 {
+		t.Errorf("slow-read=%v added %v of CPU per Browse, which it must not touch", fixed, added)
+	}
+
+	shareRead, _, s := measure("slow-read=100%")
+	est := time.Duration(s.slowRead.perRead.Load())
+	t.Logf("slow-read=100%%: CPU per Read %v, its estimate of the CPU per Read %v", shareRead, est)
+	if est <= 0 {
+		t.Fatal("no estimate of the CPU per Read")
+	}
+	if added := shareRead - offRead; added < est*4/10 || added > est*25/10 {
+		t.Errorf("slow-read=100%% added %v of CPU per Read, estimated CPU per Read %v", added, est)
+	}
+}
