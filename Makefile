@@ -189,25 +189,28 @@ specificity: $(CHAOS) ## N clean runs judged together: false alarms, figure spre
 
 # Paired A/B of two targets (package ab): the same scenarios against
 # BASE and CAND (reference, reference:faults=NAME, gopcua, dotnet,
-# image:IMAGE, external:URL) in ROUNDS alternating rounds, each figure's
-# medians and ranges, better/worse only beyond the noise band. Writes
-# reports/<run>/ab.md, .json and .html. Fails on a regression: a property
-# failing on CAND only, or a figure worse (beyond AB_MAX_WORSE, e.g. 10%
-# or server_cpu_us_per_req=10%,p99_ms=25%).
-BASE         ?= reference
-CAND         ?=
-ROUNDS       ?= 5
-AB_SCENARIOS ?=
-CONDITION    ?=
-AB_DURATION  ?=
-AB_MAX_WORSE ?=
-AB_NOISE     ?=
+# image:IMAGE, external:URL) in ROUNDS alternating rounds, each figure
+# judged by the interval of its paired rounds' median change: worse or
+# better only when it lies on that side of zero and the median change
+# reaches AB_THRESHOLD (default 5%, per figure e.g. 5%,p99_ms=20%) at
+# AB_CONFIDENCE (default 95%: 6 rounds). Writes reports/<run>/ab.md,
+# .json and .html. Fails on a regression: a property failing on CAND
+# only, or a worse figure.
+BASE          ?= reference
+CAND          ?=
+ROUNDS        ?= 6
+AB_SCENARIOS  ?=
+CONDITION     ?=
+AB_DURATION   ?=
+AB_THRESHOLD  ?=
+AB_CONFIDENCE ?=
 # TREND=reports/trend.jsonl appends the run's figures to the trend file
 # (make ab and make capacity; the nightly's).
 TREND        ?=
-ab: $(CHAOS) ## compare two targets in alternating rounds (BASE, CAND, ROUNDS, CONDITION, AB_SCENARIOS, AB_MAX_WORSE)
+ab: $(CHAOS) ## compare two targets in alternating rounds (BASE, CAND, ROUNDS, CONDITION, AB_SCENARIOS, AB_THRESHOLD)
 	@OPCUA_CHAOS_RUN=ab-$(RUN) BASE='$(BASE)' CAND='$(CAND)' ROUNDS='$(ROUNDS)' AB_SCENARIOS='$(AB_SCENARIOS)' \
-		CONDITION='$(CONDITION)' AB_DURATION='$(AB_DURATION)' AB_MAX_WORSE='$(AB_MAX_WORSE)' AB_NOISE='$(AB_NOISE)' \
+		CONDITION='$(CONDITION)' AB_DURATION='$(AB_DURATION)' AB_THRESHOLD='$(AB_THRESHOLD)' AB_CONFIDENCE='$(AB_CONFIDENCE)' \
+		AB_MAX_WORSE='$(AB_MAX_WORSE)' AB_NOISE='$(AB_NOISE)' \
 		SEED='$(SEED)' TREND='$(TREND)' $(CHAOS) ab
 
 # The capacity ladders (package capacity): one dimension at a time
