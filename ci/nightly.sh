@@ -23,7 +23,7 @@
 # when any round failed or broke, or the fault matrix did not catch every
 # fault. With AB_BASE set (e.g. image:myserver:1.4, the last release) the
 # night also compares AB_CAND (default reference: this checkout's server;
-# image:IMAGE for yours) against it (make ab, 5 rounds; a regression
+# image:IMAGE for yours) against it (make ab, 6 rounds; a regression
 # fails the night) and, with CAPACITY=1, climbs the capacity ladders
 # (make capacity); both append their figures to the trend file and add
 # to the night's length (about 15 and 6 minutes).

@@ -7,6 +7,3 @@ import "time"
 // processCPU is the process's CPU time: not read on this system (the
 // slow-read fault's share is then 0; a fixed value still applies).
 func processCPU() (time.Duration, bool) { return 0, false }
-
-// threadCPU is the calling thread's CPU time: not read on this system.
-func threadCPU() (time.Duration, bool) { return 0, false }
