@@ -2,7 +2,6 @@ package backpressure_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -11,16 +10,12 @@ import (
 
 	"github.com/gopcua/opcua/ua"
 	. "github.com/onsi/ginkgo/v2"
-	"github.com/onsi/gomega/gmeasure"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
@@ -192,43 +187,18 @@ const (
 	readingRequestsSent      history.ReadingName = "client.requests_sent"
 )
 
-// diagnostics reads (where obs finds the server running) the reference
-// server's backpressure counters at the end of a run into its figures
-// under prefix and records the pending-response counters into its history
-// for the backpressure check (targets without the diagnostics report
-// nothing).
-func diagnostics(ctx context.Context, r *scenario.Run, obs *watch.Server, prefix string) {
-	e, rec, figs := r.Env, r.Rec, r.Figures
-	if !obs.Runs(ctx) {
-		// A server that died under the load (e.g. killed for its
-		// memory limit) has no counters to read: survival names it.
-		rec.Mark("diagnostics", "not read: the server is not running")
-		return
+// diagnostics reads the reference server's backpressure counters at the
+// end of a run (where it still runs) into the figures under "diag." and
+// records the pending-response counters for the backpressure check
+// (targets without the diagnostics report nothing). A server too
+// stalled to answer them is marked unread instead of ending the spec
+// before its judgement: the checks that needed them say so.
+func diagnostics() scenario.Diagnostics {
+	return scenario.Diagnostics{
+		Nodes: diagnosticNodes, Figures: "diag.",
+		Record: []history.DiagnosticsNode{history.NodeMaxPending, history.NodePauses, history.NodeLowestResume},
 	}
-	// The counters are reported, and two of them read by the
-	// backpressure check: a server too stalled to answer them (the
-	// stall and exactly-once checks judge it over the wire) must not end
-	// the spec before Judge. The read is marked unread instead (in the
-	// history and the row's figures), and the checks that needed the
-	// counters say they were not judged.
-	dctx, cancel := context.WithTimeout(ctx, diagnosticsTimeout)
-	defer cancel()
-	got, err := watch.ReadDiagnostics(dctx, e, diagnosticNodes)
-	if err != nil {
-		rec.Mark("diagnostics", "not read: "+err.Error())
-		figs[prefix+"unread"] = 1
-		return
-	}
-	for n, v := range got {
-		figs[prefix+n] = v
-	}
-	watch.RecordReadings(rec, figs, prefix, history.NodeMaxPending, history.NodePauses, history.NodeLowestResume)
 }
-
-// diagnosticsTimeout bounds the read of the server's counters after the
-// load (a session of its own, one Read of six nodes: milliseconds on a
-// server that serves).
-const diagnosticsTimeout = 15 * time.Second
 
 // survival is the check that the server process lived through the spec
 // (readings of its container at the start and before the diagnostics):
@@ -319,7 +289,7 @@ var refillCatches = []catalog.Fault{catalog.FaultLateResume, catalog.FaultLateRe
 
 // profiler writes heap profiles of the load driver at offsets from now
 // (spec.ProfileDriver); its stop cancels those not written yet.
-type profiler func(ctx context.Context, at ...time.Duration) (stop func())
+type profiler = func(ctx context.Context, at ...time.Duration) (stop func())
 
 // nemesisSoak serves 10 sessions × 1000 outstanding Reads for runFor
 // through a seeded nemesis schedule (the runner's, over runFor less 5 s).
@@ -332,7 +302,7 @@ type profiler func(ctx context.Context, at ...time.Duration) (stop func())
 // profile (after warm-up, the trend checker's fifth of the run, and 10 s
 // before the load ends) and the history's spill is told on log.
 func nemesisSoak(runFor time.Duration, profile profiler, log io.Writer) scenario.Scenario {
-	s := scenario.Scenario{
+	return scenario.Scenario{
 		Property: property, Name: "nemesis", Condition: toxics.Scheduled, Schedule: runFor - 5*time.Second,
 		Checks: []check.Spec{
 			{Name: "nemesis-errors", Config: check.ErrorBudgetConfig{Kinds: judged, Drained: check.Codes{}}},
@@ -348,57 +318,32 @@ func nemesisSoak(runFor time.Duration, profile profiler, log io.Writer) scenario
 				Counts: []history.Kind{history.KindSessionCount, history.KindConnectionCount}}},
 			scenario.Headroom(0), // the schedule changes the server's limit
 		},
+		Prefix: "nemesis.",
+		// stopped in reverse: the heap profiles, the server's drain, the
+		// samplers, the monitor, then the spill and the counters
+		Observers: []scenario.Observer{
+			diagnostics(), scenario.Spill{Log: log}, scenario.Server{},
+			scenario.DriverRSS{Every: 5 * time.Second},
+			scenario.Counts{Every: 5 * time.Second, Sessions: h.Setup.Probe.StandardDiagnostics.Found},
+			scenario.Linger{For: drainSettle},
+			// what the driver keeps: heap profiles after warm-up (the
+			// trend checker's, a fifth of the run) and 10 s before the
+			// load ends
+			scenario.HeapProfiles{Profile: profile, At: []time.Duration{max(runFor/5, 10*time.Second), runFor - 10*time.Second}},
+		},
+		Loads: []scenario.Load{scenario.Pipeline{Name: "nemesis", Sessions: deepSessions, Outstanding: deepOutstanding, Duration: runFor, RequestTimeout: requestTimeout}},
 	}
-	s.Workload = func(ctx context.Context, r *scenario.Run) (err error) {
-		e, rec := r.Env, r.Rec
-		obs := watch.ObserveServer(ctx, r.Env, r.Rec)
-		rss := load.SampleRSS(ctx, rec, 5*time.Second)
-		// what the driver keeps: heap profiles after warm-up (the trend
-		// checker's, a fifth of the run) and 10 s before the load ends
-		heap := profile(ctx, max(runFor/5, 10*time.Second), runFor-10*time.Second)
-		w := watch.New(e, rec, watch.Options{Sessions: h.Setup.Probe.StandardDiagnostics.Found, Connections: e.Target.Diagnostics})
-		defer func() {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer cancel()
-			if cerr := w.Close(cctx); cerr != nil {
-				err = errors.Join(err, fmt.Errorf("close the server watch: %w", cerr))
-			}
-		}()
-		counts := w.SampleCounts(ctx, 5*time.Second)
-		fit, err := r.NeedSessions(fmt.Sprintf("%dx%d", deepSessions, deepOutstanding), target.AnySessions, deepSessions)
-		if err != nil {
-			return err
-		}
-		p := deepLoad(r, fit)
-		p.Name, p.Duration, p.RequestTimeout = "nemesis", runFor, requestTimeout
-		st, err := load.Run(ctx, rec, p)
-		heap()
-		if err != nil {
-			return fmt.Errorf("run load %s: %w", p.Name, err)
-		}
-		obs.Linger(ctx, drainSettle)
-		rss()
-		counts()
-		us, err := obs.Stop()
-		if err != nil {
-			return err
-		}
-		r.AddFigures("", watch.LoadFigures("nemesis.", st, us))
-		sp := rec.History().SpillStats()
-		r.Figures["nemesis.history.spilled_ops"], r.Figures["nemesis.history.spilled_mib"] = float64(sp.Ops), float64(sp.Bytes)/(1<<20)
-		fmt.Fprintf(log, "history: %d ops spilled in %d segments, %.1f MiB on disk (%.1f B/op)\n", sp.Ops, sp.Segments, float64(sp.Bytes)/(1<<20), float64(sp.Bytes)/float64(max(sp.Ops, 1)))
-		diagnostics(ctx, r, obs, "nemesis.diag.")
-		rec.Reading(history.ReadingSessionsOpened, float64(st.Sessions))
-		return nil
-	}
-	return s
 }
 
 // deep pipelines deepSessions × deepOutstanding fast Reads for deepFor
-// under cond, the run's length measured in exp: no errors, channel faults
-// or stalls, in bounded memory.
-func deep(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
-	s := scenario.Scenario{
+// under cond: no errors, channel faults or stalls, in bounded memory. The
+// sessions are anonymous, or, where only logins as a user leave room for
+// all of them (the reference server with max-sessions-20 keeps 10 of its
+// 20 places from anonymous clients), every session logged in as the
+// target's first user (scenario.NeedAll): what the deep specs judge does
+// not depend on who the sessions are.
+func deep(cond toxics.Condition) scenario.Scenario {
+	return scenario.Scenario{
 		Property: property, Name: "deep", Condition: cond,
 		// The backpressure check is named first when it fails: a server
 		// that reads requests it cannot answer yet is refused by its own
@@ -415,182 +360,76 @@ func deep(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
 			check.SessionsOpened("deep-sessions", deepSessions),
 			scenario.Headroom(float64(cond.NanoCPUs) / 1e9),
 		},
+		Prefix:    "deep.",
+		Observers: []scenario.Observer{diagnostics(), scenario.Server{}, scenario.Linger{For: drainSettle}},
+		Loads: []scenario.Load{scenario.Pipeline{
+			Sessions: deepSessions, Outstanding: deepOutstanding, Duration: deepFor, RequestTimeout: deepRequestTimeout,
+			Mark: fmt.Sprintf("pipelining %d × %d Reads for %s", deepSessions, deepOutstanding, deepFor),
+		}},
 	}
-	s.Workload = func(ctx context.Context, r *scenario.Run) error {
-		e, rec := r.Env, r.Rec
-		obs := watch.ObserveServer(ctx, r.Env, r.Rec)
-
-		fit, err := r.NeedSessions(fmt.Sprintf("%dx%d", deepSessions, deepOutstanding), target.AnySessions, deepSessions)
-		if err != nil {
-			return err
-		}
-		rec.Mark(fmt.Sprintf("pipelining %d × %d Reads for %s", deepSessions, deepOutstanding, deepFor), fit.String())
-		p := deepLoad(r, fit)
-		p.Duration, p.RequestTimeout, p.Security = deepFor, deepRequestTimeout, e.Security
-		var st load.Stats
-		exp.MeasureDuration("run", func() {
-			st, err = load.Run(ctx, rec, p)
-		})
-		if err != nil {
-			return fmt.Errorf("run load: %w", err)
-		}
-
-		obs.Linger(ctx, drainSettle)
-		us, err := obs.Stop()
-		if err != nil {
-			return err
-		}
-		r.AddFigures("", watch.LoadFigures("deep.", st, us))
-		diagnostics(ctx, r, obs, "deep.diag.")
-		rec.Reading(history.ReadingSessionsOpened, float64(st.Sessions))
-		return nil
-	}
-	return s
-}
-
-// deepLoad is the deep pipelines (deepSessions × deepOutstanding fast
-// Reads) on r's target as fit sized them: anonymous sessions, or, where
-// only logins as a user leave room for all of them (the reference server
-// with max-sessions-20 keeps 10 of its 20 places from anonymous
-// clients), every session logged in as the target's first user, the one
-// discovery probed the limit with. What the deep specs judge (pending
-// responses, memory, errors, each session's stalls, every request
-// answered once) does not depend on who the sessions are; one user keeps
-// them one owner, as the anonymous sessions of one peer are on the
-// reference server.
-func deepLoad(r *scenario.Run, fit target.Fit) load.Profile {
-	if fit.Kind == target.UserSessions && len(r.Env.Target.Users) > 0 {
-		u := r.Env.Target.Users[0]
-		return load.Pipelined(r.Env.Endpoint, deepSessions, deepOutstanding, [2]string{u.Name, u.Password})
-	}
-	return load.Pipelined(r.Env.Endpoint, deepSessions, deepOutstanding)
 }
 
 // refill keeps refillOutstanding Reads of refillRequests outstanding on
-// one session for refillFor under cond (refillChecks). Slow.<ms> Reads: a
-// target without them is skipped.
+// one session for refillFor under cond (refillChecks).
 func refill(cond toxics.Condition) scenario.Scenario {
-	s := scenario.Scenario{
-		Property: property, Name: "refill", Condition: cond, Requires: []target.Capability{target.CapabilityServiceTime},
-		Checks: refillChecks(),
+	return scenario.Scenario{
+		// Slow.<ms> Reads: a target without them is skipped
+		Property: property, Name: "refill", Condition: cond,
+		Checks:    refillChecks(),
+		Prefix:    "refill.",
+		Observers: []scenario.Observer{diagnostics(), scenario.Server{}},
+		Loads: []scenario.Load{scenario.Profile{
+			Mark: fmt.Sprintf("pipelining %d Reads (1 of %v per %d of 6–10 ms) on one session for %s", refillOutstanding, refillLong, refillShorts+1, refillFor),
+			Profile: load.Profile{
+				Name: "refill", Duration: refillFor, RequestTimeout: deepRequestTimeout,
+				Sessions: []load.Session{{Name: "refill", Outstanding: refillOutstanding, Requests: refillRequests()}},
+			},
+		}},
 	}
-	s.Workload = func(ctx context.Context, r *scenario.Run) error {
-		e, rec := r.Env, r.Rec
-		obs := watch.ObserveServer(ctx, r.Env, r.Rec)
-
-		rec.Mark(fmt.Sprintf("pipelining %d Reads (1 of %v per %d of 6–10 ms) on one session for %s", refillOutstanding, refillLong, refillShorts+1, refillFor), "")
-		p := load.Profile{
-			Name: "refill", Endpoint: e.Endpoint, Duration: refillFor, RequestTimeout: deepRequestTimeout, Security: e.Security,
-			Sessions: []load.Session{{Name: "refill", Outstanding: refillOutstanding, Requests: refillRequests()}},
-		}
-		st, err := load.Run(ctx, rec, p)
-		if err != nil {
-			return fmt.Errorf("run load %s: %w", p.Name, err)
-		}
-		us, err := obs.Stop()
-		if err != nil {
-			return err
-		}
-		r.AddFigures("", watch.LoadFigures("refill.", st, us))
-		diagnostics(ctx, r, obs, "refill.diag.")
-		rec.Reading(history.ReadingSessionsOpened, float64(st.Sessions))
-		return nil
-	}
-	return s
 }
 
 // slowReader pipelines slowDepth Reads on one session whose responses are
 // throttled to slowKBps for throttleFor, then removes the throttle and
-// drains the pipeline (its drain measured in exp): the server stops
-// reading from the throttled reader (slowChecks) and, once the reader
-// catches up, the channel flows again (slow-drain-stall, planned when the
-// throttle is removed: its span starts there).
-func slowReader(cond toxics.Condition, exp *gmeasure.Experiment) scenario.Scenario {
-	s := scenario.Scenario{
+// drains the pipeline (its drain the figure slow.drain_s): the server
+// stops reading from the throttled reader (slowChecks) and, once the
+// reader catches up, the channel flows again (slow-drain-stall, planned
+// when the throttle is removed: its span starts there). The reader is
+// throttled on purpose: no client-bound verdict.
+func slowReader(cond toxics.Condition) scenario.Scenario {
+	throttle := toxics.Bandwidth(toxics.Downstream, slowKBps)
+	throttle.Name = "slow-reader"
+	return scenario.Scenario{
 		Property: property, Name: "slow-reader", Condition: cond,
-		Checks: slowChecks("slow-reader"),
+		Checks:    slowChecks("slow-reader"),
+		Prefix:    "slow.",
+		Observers: []scenario.Observer{diagnostics(), scenario.Server{}, scenario.Linger{For: drainSettle}},
+		Steps: []scenario.FaultStep{{
+			For: throttleFor, Drain: "drain_s",
+			Mark: fmt.Sprintf("throttling responses to %d KB/s", slowKBps),
+			// on the clients' proxy, as a condition's toxics are
+			Condition: toxics.Condition{Name: throttle.Name, Toxics: []toxics.Toxic{throttle}},
+			// stopped in reverse before the throttle is removed: the
+			// server's pending responses while the reader was throttled
+			// (between the marks, where it reports them), its counters
+			// then, the answers the throttle let through (requests
+			// failed by a faulted channel were not answered, and must
+			// not read as a throttle that held nothing back), and the
+			// drain's stall check from then on
+			Observers: []scenario.Observer{
+				scenario.StallFrom{Name: "slow-drain-stall", Config: check.StallConfig{Kinds: judged, MaxStall: scenario.MaxStall(cond)}},
+				scenario.Answered{Kind: history.KindRead, Reading: readingAnsweredThrottled, Figure: "answered_throttled"},
+				scenario.Diagnostics{Nodes: diagnosticNodes, Figures: "diag.throttled.", Required: true},
+				scenario.DiagnosticsSampler{Nodes: []history.DiagnosticsNode{history.NodePending}, Every: 100 * time.Millisecond},
+			},
+		}},
+		Loads: []scenario.Load{scenario.Profile{
+			Mark: fmt.Sprintf("pipelining %d Reads on one session for %s", slowDepth, throttleFor), Sent: readingRequestsSent,
+			Profile: load.Profile{
+				Name: "slow-reader", Duration: time.Minute, RequestTimeout: requestTimeout,
+				Sessions: []load.Session{{Name: "reader", Outstanding: slowDepth, MaxRequests: slowDepth, Requests: []load.Request{statusRead}}},
+			},
+		}},
 	}
-	s.Workload = func(ctx context.Context, r *scenario.Run) (err error) {
-		e, rec := r.Env, r.Rec
-		obs := watch.ObserveServer(ctx, r.Env, r.Rec)
-
-		rec.Mark(fmt.Sprintf("throttling responses to %d KB/s", slowKBps), "")
-		throttle := toxics.Bandwidth(toxics.Downstream, slowKBps)
-		throttle.Name = "slow-reader"
-		// on the clients' proxy, as a condition's toxics are
-		in, err := nemesis.Inject(ctx, r.Target, rec, nemesis.Condition(toxics.Condition{Name: throttle.Name, Toxics: []toxics.Toxic{throttle}}))
-		if err != nil {
-			return fmt.Errorf("add %s toxic: %w", throttle.Type, err)
-		}
-		defer func() { err = errors.Join(err, in.Undo(ctx)) }() // a no-op once removed below
-		// the server's pending responses while the reader is
-		// throttled: between the marks (where it reports them)
-		pending := watch.SampleDiagnostics(ctx, e, rec, 100*time.Millisecond, history.NodePending)
-
-		rec.Mark(fmt.Sprintf("pipelining %d Reads on one session for %s", slowDepth, throttleFor), "")
-		p := load.Profile{
-			Name: "slow-reader", Endpoint: e.Endpoint, Duration: time.Minute, RequestTimeout: requestTimeout, Security: e.Security,
-			Sessions: []load.Session{{Name: "reader", Outstanding: slowDepth, MaxRequests: slowDepth, Requests: []load.Request{statusRead}}},
-		}
-		// the load ends with the workload, whatever ended it
-		lctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		wait := load.Start(lctx, rec, p)
-		select {
-		case <-time.After(throttleFor):
-		case <-ctx.Done():
-			return fmt.Errorf("timed out while throttled: %w", context.Cause(ctx))
-		}
-		if _, err := pending.Stop(); err != nil {
-			return fmt.Errorf("sample pending responses: %w", err)
-		}
-		got, err := watch.ReadDiagnostics(ctx, e, diagnosticNodes)
-		if err != nil {
-			return fmt.Errorf("read diagnostics: %w", err)
-		}
-		r.AddFigures("slow.diag.throttled.", got)
-		// Answers only: requests failed by a faulted channel were not
-		// answered, and must not read as a throttle that held nothing
-		// back (fault-on-overflow then read "not judged").
-		answered := 0
-		for op := range rec.History().AllOps() {
-			if op.Kind == history.KindRead && op.Outcome == history.OK {
-				answered++
-			}
-		}
-		r.Figures["slow.answered_throttled"] = float64(answered)
-		rec.Reading(readingAnsweredThrottled, float64(answered))
-
-		rec.Mark("removing the throttle and draining the pipeline", "")
-		drainFrom := rec.Now()
-		if err := in.Undo(ctx); err != nil {
-			return fmt.Errorf("remove %s toxic: %w", throttle.Type, err)
-		}
-		// once the reader catches up, the channel flows again
-		r.Check(check.Spec{Name: "slow-drain-stall", Config: check.StallConfig{Span: check.Span{From: drainFrom}, Kinds: judged, MaxStall: scenario.MaxStall(cond)}})
-		var st load.Stats
-		var lerr error
-		exp.MeasureDuration("drain", func() { st, lerr = wait() })
-		if lerr != nil {
-			return fmt.Errorf("run load %s: %w", p.Name, lerr)
-		}
-		r.Figures["slow.drain_s"] = exp.GetStats("drain").DurationFor(gmeasure.StatMax).Seconds()
-		r.AddFigures("slow.", st.Figures())
-		// The reader is throttled on purpose: no client-bound verdict.
-		obs.Linger(ctx, drainSettle)
-		us, err := obs.Stop()
-		if err != nil {
-			return err
-		}
-		if us != nil {
-			r.AddFigures("slow.", us.Figures())
-		}
-		diagnostics(ctx, r, obs, "slow.diag.")
-
-		rec.Reading(readingRequestsSent, float64(st.Requests))
-		return nil
-	}
-	return s
 }
 
 var _ = Describe("Backpressure", spec.Property(property), func() {
@@ -604,11 +443,8 @@ var _ = Describe("Backpressure", spec.Property(property), func() {
 	// catches fault retain-memory (deep-backpressure: retained, a leak or retention from one load)
 	// catches fault late-resume (deep-backpressure: resumes late)
 	// catches fault crypto-in-gate, under SignAndEncrypt (deep-stall: stalled channels)
-	DescribeTable("serves 10 sessions × 1000 outstanding Reads without errors, channel faults or stalls, in bounded memory", func(ctx SpecContext, cond toxics.Condition) {
-		exp := gmeasure.NewExperiment("deep pipelines")
-		AddReportEntry(exp.Name, exp)
-		h.Run(ctx, deep(cond, exp))
-	}, spec.Entries(toxics.CI(), deepCatches, SpecTimeout(3*time.Minute)),
+	DescribeTable("serves 10 sessions × 1000 outstanding Reads without errors, channel faults or stalls, in bounded memory", h.Scenario(deep),
+		spec.Entries(toxics.CI(), deepCatches, SpecTimeout(3*time.Minute)),
 		// SignAndEncrypt breaks deep pipelines first (each response is
 		// signed and encrypted before it leaves): in the CI profile
 		spec.Entries(secured, securedDeepCatches, SpecTimeout(3*time.Minute)))
@@ -621,10 +457,7 @@ var _ = Describe("Backpressure", spec.Property(property), func() {
 		spec.Entries([]toxics.Condition{toxics.Baseline}, refillCatches, SpecTimeout(time.Minute)))
 
 	// catches fault retain-memory (slow-backpressure: retained, a leak or retention from one load)
-	DescribeTable("stops reading from a throttled reader and answers its pipeline exactly once when it catches up", func(ctx SpecContext, cond toxics.Condition) {
-		exp := gmeasure.NewExperiment("slow reader")
-		AddReportEntry(exp.Name, exp)
-		h.Run(ctx, slowReader(cond, exp))
-	}, spec.Entries(toxics.CI(), catches, SpecTimeout(3*time.Minute)),
+	DescribeTable("stops reading from a throttled reader and answers its pipeline exactly once when it catches up", h.Scenario(slowReader),
+		spec.Entries(toxics.CI(), catches, SpecTimeout(3*time.Minute)),
 		spec.Entries(secured, nil, SpecTimeout(3*time.Minute), spec.Nightly))
 })

@@ -1,7 +1,6 @@
 package wakeups_test
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -15,7 +14,6 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
@@ -87,10 +85,13 @@ func exactlyOnce(name string) check.Spec {
 
 // wakeup is the scenario name under cond with the wakeup checks (named
 // after it; progress judged per groupBy) and the reference server's
-// worker pool set to workers (0: its default; other targets ignore it).
-func wakeup(name string, cond toxics.Condition, workers int, groupBy string, w scenario.Workload) scenario.Scenario {
+// worker pool set to workers (0: its default; other targets ignore it),
+// driven by loads one after another, each on the target's channel
+// security (scenario.Profile: a session refused at the target's limit is
+// an answer, one refused below it a failure the sessions check judges).
+func wakeup(name string, cond toxics.Condition, workers int, groupBy string, loads ...scenario.Load) scenario.Scenario {
 	s := scenario.Scenario{
-		Property: property, Name: name, Condition: cond, Workload: w,
+		Property: property, Name: name, Condition: cond, Loads: loads,
 		Labels: map[string]string{"workers": fmt.Sprint(workers)},
 		Checks: []check.Spec{stallCheck(name, groupBy, history.KindRead),
 			{Name: name + "-errors", Config: check.ErrorBudgetConfig{}}, exactlyOnce(name + "-exactly-once"), check.NoFailedSessions(name + "-sessions")},
@@ -101,30 +102,12 @@ func wakeup(name string, cond toxics.Condition, workers int, groupBy string, w s
 	return s
 }
 
-// drive runs the load p on r's target, its sessions on the target's
-// channel security, records how many of them could not be opened
-// (sessionsOpened judges it) and reports the load's figures under prefix.
-func drive(ctx context.Context, r *scenario.Run, prefix string, p load.Profile) error {
-	p.Security = r.Env.Security
-	// a session refused at the target's session limit is an answer
-	// (counted apart), one refused below it a failure
-	p.MaxSessions = r.SessionLimit()
-	st, err := load.Run(ctx, r.Rec, p)
-	if err != nil {
-		return fmt.Errorf("run load %s: %w", p.Name, err)
-	}
-	r.Rec.Reading(history.ReadingSessionsFailed, float64(st.SessionsFailed))
-	r.Rec.Reading(history.ReadingSessionsAtLimit, float64(st.SessionsAtLimit))
-	r.AddFigures(prefix, st.Figures())
-	return nil
-}
-
 // nemesisSchedule keeps every request moving through a seeded nemesis
 // schedule. Nothing in the schedule closes a connection: every request
 // completes exactly once, none fails, and no session waits 2 s with
 // requests outstanding and nothing completing.
 func nemesisSchedule(runFor time.Duration) scenario.Scenario {
-	s := scenario.Scenario{
+	return scenario.Scenario{
 		Property: property, Name: "nemesis", Condition: toxics.Scheduled, Schedule: runFor - 5*time.Second,
 		Checks: []check.Spec{
 			{Name: "nemesis-stall", Config: check.StallConfig{GroupBy: check.BySession, MaxStall: 2 * time.Second, Kinds: []history.Kind{history.KindRead}}},
@@ -132,13 +115,8 @@ func nemesisSchedule(runFor time.Duration) scenario.Scenario {
 			{Name: "nemesis-exactly-once", Config: check.ExactlyOnceConfig{Kinds: []history.Kind{history.KindRead}}},
 			check.NoFailedSessions("nemesis-sessions"),
 		},
+		Loads: []scenario.Load{scenario.Pipeline{Name: "nemesis", Sessions: 10, Outstanding: 50, Sizing: scenario.AsAsked, Duration: runFor, RequestTimeout: 30 * time.Second}},
 	}
-	s.Workload = func(ctx context.Context, r *scenario.Run) error {
-		p := load.Pipelined(r.Env.Endpoint, 10, 50)
-		p.Name, p.Duration, p.RequestTimeout = "nemesis", runFor, 30*time.Second
-		return drive(ctx, r, "", p)
-	}
-	return s
 }
 
 // bursty completes bursts separated by idle gaps, with few workers that
@@ -147,23 +125,26 @@ func nemesisSchedule(runFor time.Duration) scenario.Scenario {
 // its session for the rest of the run. The gaps are drawn from the run's
 // seed: replay with --seed.
 func bursty(cond toxics.Condition) scenario.Scenario {
-	return wakeup("bursty", cond, 2, check.BySession, func(ctx context.Context, r *scenario.Run) error {
-		rng := rand.New(rand.NewPCG(uint64(r.Seed), 0x5eed))
-		p := load.Profile{Name: "bursty", Endpoint: r.Env.Endpoint, Duration: 4 * time.Second}
-		gaps := map[string]float64{}
-		for i := range 6 {
-			idle := time.Duration(600+rng.IntN(600)) * time.Millisecond
-			active := time.Duration(20+rng.IntN(80)) * time.Millisecond
-			name := fmt.Sprintf("burst%02d", i)
-			gaps["idle_ms."+name] = float64(idle.Milliseconds())
-			p.Sessions = append(p.Sessions, load.Session{
-				Name: name,
-				Open: &load.OpenLoop{Rate: 200, Active: active, Idle: idle, Burst: 1 + rng.IntN(8), MaxOutstanding: 200},
-			})
-		}
-		r.Rec.SetLabel("profile", fmt.Sprint(gaps))
-		return drive(ctx, r, "", p)
-	})
+	return wakeup("bursty", cond, 2, check.BySession, scenario.Profile{Seeded: burstyProfile})
+}
+
+// burstyProfile draws bursty's sessions from seed, and describes their
+// idle gaps for the history's label.
+func burstyProfile(seed int64) (load.Profile, string) {
+	rng := rand.New(rand.NewPCG(uint64(seed), 0x5eed))
+	p := load.Profile{Name: "bursty", Duration: 4 * time.Second}
+	gaps := map[string]float64{}
+	for i := range 6 {
+		idle := time.Duration(600+rng.IntN(600)) * time.Millisecond
+		active := time.Duration(20+rng.IntN(80)) * time.Millisecond
+		name := fmt.Sprintf("burst%02d", i)
+		gaps["idle_ms."+name] = float64(idle.Milliseconds())
+		p.Sessions = append(p.Sessions, load.Session{
+			Name: name,
+			Open: &load.OpenLoop{Rate: 200, Active: active, Idle: idle, Burst: 1 + rng.IntN(8), MaxOutstanding: 200},
+		})
+	}
+	return p, fmt.Sprint(gaps)
 }
 
 // shapes completes pipelines of shapes 1×200, 10×100 and 64×1 with the
@@ -173,7 +154,7 @@ func bursty(cond toxics.Condition) scenario.Scenario {
 // shape at 2 s a shape.
 //
 // Each shape's sessions are sized to the target's session limit
-// (scenario.Run.SizeSessions): against a server with room for fewer
+// (scenario.SizeDown): against a server with room for fewer
 // sessions than a shape opens (S2OPC's 20), the shape opens what the
 // limit leaves, named after it (64×1 becomes 18×1) and recorded; the
 // reference server's limit leaves every shape as it is.
@@ -186,28 +167,11 @@ func bursty(cond toxics.Condition) scenario.Scenario {
 // session starved for good fails MaxLatency.
 func shapes(capacity string, workers int) func(toxics.Condition) scenario.Scenario {
 	return func(cond toxics.Condition) scenario.Scenario {
-		return wakeup("shapes-"+capacity, cond, workers, check.ByRun, func(ctx context.Context, r *scenario.Run) error {
-			for _, shape := range []struct{ sessions, outstanding int }{{1, 200}, {10, 100}, {64, 1}} {
-				// anonymous: with one worker the shape's progress is
-				// the one owner's FIFO's (the reference server's owner
-				// of anonymous sessions is their peer)
-				fit := r.SizeSessions(fmt.Sprintf("%dx%d", shape.sessions, shape.outstanding), target.AnonymousSessions, shape.sessions)
-				if why := fit.Skip(1); why != "" {
-					return &scenario.Lacking{Reason: why}
-				}
-				name := fmt.Sprintf("%dx%d", fit.N, shape.outstanding)
-				r.Rec.Mark("shape "+name, fit.String())
-				p := load.Pipelined(r.Env.Endpoint, fit.N, shape.outstanding)
-				p.Name, p.Duration = name, 1500*time.Millisecond
-				for i := range p.Sessions {
-					p.Sessions[i].Name = fmt.Sprintf("%s-%02d", name, i)
-				}
-				if err := drive(ctx, r, name+".", p); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		var loads []scenario.Load
+		for _, shape := range []struct{ sessions, outstanding int }{{1, 200}, {10, 100}, {64, 1}} {
+			loads = append(loads, scenario.Pipeline{Sessions: shape.sessions, Outstanding: shape.outstanding, Sizing: scenario.SizeDown, Duration: 1500 * time.Millisecond})
+		}
+		return wakeup("shapes-"+capacity, cond, workers, check.ByRun, loads...)
 	}
 }
 
@@ -238,16 +202,14 @@ func shapes(capacity string, workers int) func(toxics.Condition) scenario.Scenar
 // nudges check (first) names which (check.Nudges); with a fast nudge it
 // names a lost wakeup without a culprit.
 func lockstep(cond toxics.Condition) scenario.Scenario {
-	s := wakeup("lockstep", cond, 0, check.ByRun, func(ctx context.Context, r *scenario.Run) error {
-		p := load.Profile{Name: "lockstep", Endpoint: r.Env.Endpoint, Duration: time.Second, Lockstep: true,
-			Nudge: time.Second, RequestTimeout: 3 * time.Second,
-			Sessions: load.Sessions(4, "step", load.Session{Outstanding: 2})}
-		if h.Setup.Target.ServiceTime {
-			nudge := load.SlowRead(nudgeService)
-			p.NudgeRequest = &nudge
-		}
-		return drive(ctx, r, "", p)
-	})
+	p := load.Profile{Name: "lockstep", Duration: time.Second, Lockstep: true,
+		Nudge: time.Second, RequestTimeout: 3 * time.Second,
+		Sessions: load.Sessions(4, "step", load.Session{Outstanding: 2})}
+	if h.Setup.Target.ServiceTime {
+		nudge := load.SlowRead(nudgeService)
+		p.NudgeRequest = &nudge
+	}
+	s := wakeup("lockstep", cond, 0, check.ByRun, scenario.Profile{Profile: p})
 	s.Checks = append([]check.Spec{{Name: "lockstep-nudges", Config: check.NudgesConfig{Kinds: []history.Kind{history.KindRead}}}}, s.Checks...)
 	return s
 }
@@ -264,14 +226,12 @@ const nudgeService = 200 * time.Millisecond
 // fast session waiting a second. 3 s: three rounds of the slow requests;
 // serial dispatch stalls the fast session a whole second in each.
 func headOfLine(cond toxics.Condition) scenario.Scenario {
-	s := wakeup("head-of-line", cond, 0, check.BySession, func(ctx context.Context, r *scenario.Run) error {
-		p := load.Profile{Name: "head-of-line", Endpoint: r.Env.Endpoint, Duration: 3 * time.Second}
-		p.Sessions = append(load.Sessions(4, "slow", load.Session{Outstanding: 1, Requests: []load.Request{load.SlowRead(time.Second)}}),
-			load.Session{Name: "fast", Outstanding: 4})
-		return drive(ctx, r, "", p)
-	})
-	s.Requires = []target.Capability{target.CapabilityServiceTime}
-	return s
+	// Slow.<ms> Reads: a target without them is skipped
+	return wakeup("head-of-line", cond, 0, check.BySession, scenario.Profile{Profile: load.Profile{
+		Name: "head-of-line", Duration: 3 * time.Second,
+		Sessions: append(load.Sessions(4, "slow", load.Session{Outstanding: 1, Requests: []load.Request{load.SlowRead(time.Second)}}),
+			load.Session{Name: "fast", Outstanding: 4}),
+	}})
 }
 
 var _ = Describe("No lost wakeups", spec.Property(property), func() {
