@@ -201,9 +201,9 @@ type owner struct {
 
 // runShare is the workload of a share run: it drives every owner's
 // sessions with deep pipelines of sh's requests (the runner has put the
-// target under the run's condition), while recording the server's CPU and
-// its owners' queue counters into the history (the assumptions' readings),
-// and reports the extra figures (load and server usage).
+// target under the run's condition, and its observers record the
+// server's CPU and its owners' queue counters into the history: the
+// assumptions' readings), and reports the extra figures.
 //
 // The load goes on past the planned windows while fewer than the planned
 // number of them were quiet (scenario.MeasureQuiet, judged with the bounds of
@@ -219,8 +219,10 @@ type owner struct {
 // (checks of tl, planned before the load) are then replaced (Run.Check,
 // by name) by checks of the timeline with the windows the load covered.
 func runShare(name string, sh shape, tl timeline, owners []owner, checks func(timeline) []check.Spec) scenario.Workload {
+	// closure: the CPU calibration (watch.SaturateCPU) steers the load while it runs: it extends it and moves the judged windows, and the checks are rebuilt from what it measured
 	return func(ctx context.Context, r *scenario.Run) error {
 		e, rec, cond := r.Env, r.Rec, r.Scenario.Condition
+		r.StandardNodes(name, sh.nodes() == "standard")
 		mq := scenario.NewMeasureQuiet(rec, tl.quiet(), tl.windows)
 		if tl.nemesis {
 			// a soak needs a few quiet windows of its many, not all
@@ -243,9 +245,9 @@ func runShare(name string, sh shape, tl timeline, owners []owner, checks func(ti
 			// it (mq.Shift), the load running that much longer.
 			sat = watch.SaturateCPU(ctx, e, rec, watch.SaturateConfig{Limit: limit})
 			ext = calibrated(ext, sat, mq, tl)
+			defer func() { _, _ = sat.Stop() }() // an early return's; its error is the return's below
 		}
-
-		p := load.Profile{Name: "share", Endpoint: e.Endpoint, Duration: tl.runFor(), RequestTimeout: 30 * time.Second, Security: e.Security, Extend: ext}
+		p := load.Profile{Name: "share", Duration: tl.runFor(), RequestTimeout: 30 * time.Second, Extend: ext}
 		if sat != nil {
 			p.Started = sat.Started
 		}
@@ -271,29 +273,9 @@ func runShare(name string, sh shape, tl timeline, owners []owner, checks func(ti
 				Requests: []load.Request{sh.request}, Identity: i + 1,
 			})...)
 		}
-		mon := watch.MonitorServer(ctx, e, rec)
-		defer func() {
-			if sat != nil {
-				_, _ = sat.Stop() // an early return's; its error is the return's
-			}
-		}()
-		var nodes []history.DiagnosticsNode
-		for _, o := range owners {
-			nodes = append(nodes, history.OwnerNode(o.user, history.OwnerQueued), history.OwnerNode(o.user, history.OwnerEmptied), history.OwnerNode(o.user, history.OwnerDispatched))
-		}
-		sampler := watch.SampleDiagnostics(ctx, e, rec, sampleEvery, nodes...)
-		st, err := load.Run(ctx, rec, p)
-		if err != nil {
-			return fmt.Errorf("run load %s: %w", p.Name, err)
-		}
-		if _, err := sampler.Stop(); err != nil {
-			return fmt.Errorf("sample the server's queue depth: %w", err)
-		}
-		us, err := watch.StopMonitor(mon)
-		if err != nil {
+		if err := (scenario.Profile{Profile: p}).Drive(ctx, r); err != nil {
 			return err
 		}
-		r.AddFigures("", watch.LoadFigures("", st, us))
 		r.AddFigures("", mq.Figures())
 		if sat != nil {
 			res, err := sat.Stop()
@@ -309,6 +291,16 @@ func runShare(name string, sh shape, tl timeline, owners []owner, checks func(ti
 		r.Check(checks(tl)...) // same names: replaced in place
 		return nil
 	}
+}
+
+// ownerNodes are the reference server's queue counters of owners (queued,
+// emptied, dispatched), which the backlog assumptions read.
+func ownerNodes(owners []owner) []history.DiagnosticsNode {
+	var nodes []history.DiagnosticsNode
+	for _, o := range owners {
+		nodes = append(nodes, history.OwnerNode(o.user, history.OwnerQueued), history.OwnerNode(o.user, history.OwnerEmptied), history.OwnerNode(o.user, history.OwnerDispatched))
+	}
+	return nodes
 }
 
 // capSettle is how long the owners' shares are given to settle under a
@@ -351,18 +343,19 @@ func calibrated(x machine.Extension, sat *watch.Saturator, mq *scenario.MeasureQ
 }
 
 // share is the scenario of a share run named name under cond: the checks
-// of tl planned, the workload runShare (with tl's nemesis schedule, if
-// any), on a target with caps.
+// of tl planned, the server and its owners' queue counters observed, the
+// workload runShare (with tl's nemesis schedule, if any), on a target
+// with caps.
 func share(name string, cond toxics.Condition, sh shape, tl timeline, owners []owner, checks func(timeline) []check.Spec, caps ...target.Capability) scenario.Scenario {
 	s := scenario.Scenario{
 		Property: property, Name: name, Condition: cond, Requires: append(caps, sh.requires...),
 		Labels: map[string]string{"nodes": sh.nodes()},
-		Checks: checks(tl), Workload: runShare(name, sh, tl, owners, checks),
-	}
-	run := s.Workload
-	s.Workload = func(ctx context.Context, r *scenario.Run) error {
-		r.StandardNodes(name, sh.nodes() == "standard")
-		return run(ctx, r)
+		Checks: checks(tl),
+		Observers: []scenario.Observer{
+			scenario.Server{},
+			scenario.DiagnosticsSampler{Nodes: ownerNodes(owners), Every: sampleEvery},
+		},
+		Workload: runShare(name, sh, tl, owners, checks),
 	}
 	if tl.nemesis {
 		s.Schedule = tl.runFor() - 5*time.Second

@@ -284,6 +284,7 @@ func recovers(cond toxics.Condition) scenario.Scenario {
 		Server:   serverSettings(),
 		Checks:   []check.Spec{reactivation, keepAliveCheck, sequence, servesAgain},
 	}
+	// closure: the partition → transfer → kill sequence: each step waits for what the client saw after the last (a reactivated session, a transferred subscription), not for a time
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
 		if idErr != nil {
 			return fmt.Errorf("the sessions' identity for the transfer: %w", idErr)

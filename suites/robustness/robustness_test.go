@@ -232,6 +232,7 @@ func robustness(cond toxics.Condition, soakFor time.Duration, skipped *[]string)
 			{Name: "answers", Config: planned},
 			{Name: "victim-errors", Config: check.ErrorBudgetConfig{Kinds: []history.Kind{history.KindRead}, Drained: check.Codes{}}},
 		},
+		// closure: attack rounds: each attack is driven, answered and its victim probed before the next, for rounds until the soak ends
 		Workload: func(ctx context.Context, r *scenario.Run) error { return attackAll(ctx, r, soakFor, skipped) },
 	}
 	if soakFor > 0 {

@@ -7,16 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gopcua/opcua/ua"
 	. "github.com/onsi/ginkgo/v2"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/subscribe"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
@@ -69,64 +65,6 @@ func catchesOf(items int) []catalog.Fault {
 // Publish ops and listed sequence numbers).
 const subscription = "sub"
 
-// sessionCloseTimeout bounds closing the driver's session once its
-// subscription ended.
-const sessionCloseTimeout = 10 * time.Second
-
-// openSession opens the driver's session on endpoint (with opts) and
-// returns it with its close, bounded by sessionCloseTimeout even when ctx
-// has ended.
-func openSession(ctx context.Context, endpoint string, opts ...uaclient.Option) (*uaclient.Client, func(), error) {
-	c, err := uaclient.Open(ctx, endpoint, opts...)
-	if err != nil {
-		return nil, nil, err
-	}
-	return c, func() { uaclient.CloseWithin(ctx, c, sessionCloseTimeout) }, nil
-}
-
-// stream is what the specs subscribe to and how its samples are counted
-// (target.Profile.Sampled): a counter that moves by one per sample,
-// counted by its values (check.ByCounter: the samples the server took),
-// or a node the server updates at 100 Hz or faster, counted by its
-// samples' source timestamps (check.BySource: a sample per interval, no
-// sample twice; a missing one not taken or not delivered, which the
-// timestamps do not tell).
-type stream struct {
-	// node is the i-th item's node.
-	node func(i int) *ua.NodeID
-	mode string
-	// standard says the node is of the standard address space (ns=0):
-	// the table names the specs that ran on standard nodes.
-	standard bool
-	// on says what the items are, for the history.
-	on string
-}
-
-// streamOf returns the stream of target p; Requires("sampling") made sure
-// it has one.
-func streamOf(p target.Profile) (stream, error) {
-	pattern, isCounter, ok := p.Sampled()
-	if !ok {
-		return stream{}, fmt.Errorf("target %s has nothing to sample: %s", p.Name, p.Requires(target.CapabilitySampling))
-	}
-	first, err := target.NodeOf(pattern, 0)
-	if err != nil {
-		return stream{}, fmt.Errorf("node %q of target %s: %w", pattern, p.Name, err)
-	}
-	st := stream{
-		node: func(i int) *ua.NodeID {
-			n, _ := target.NodeOf(pattern, i) // parsed at 0: every index parses
-			return n
-		},
-		mode: check.ByCounter, standard: first.Namespace() == 0,
-		on: fmt.Sprintf("counters %s, counted by value", pattern),
-	}
-	if !isCounter {
-		st.mode, st.on = check.BySource, fmt.Sprintf("fast node %s, counted by source timestamp", pattern)
-	}
-	return st, nil
-}
-
 // nemesisSchedule samples 1024 items at 10 ms through a seeded nemesis
 // schedule of runFor less 5 s and recovers its rate after every fault.
 // Samples lost during a fault (and its grace) are excused; in the quiet
@@ -151,8 +89,8 @@ func nemesisSchedule(runFor time.Duration, profile func(ctx context.Context, at 
 			Excuse: []string{"*"}, Grace: grace,
 		}}
 	}
-	s := scenario.Scenario{
-		Property: property, Name: "nemesis", Condition: toxics.Scheduled, Requires: []target.Capability{target.CapabilitySampling},
+	return scenario.Scenario{
+		Property: property, Name: "nemesis", Condition: toxics.Scheduled,
 		Schedule: runFor - 5*time.Second,
 		Labels:   map[string]string{"items": fmt.Sprint(items)},
 		Checks: []check.Spec{
@@ -161,43 +99,18 @@ func nemesisSchedule(runFor time.Duration, profile func(ctx context.Context, at 
 				Span: check.Span{From: warmup, To: runFor - window}, Kinds: []history.Kind{history.KindPublish},
 				Excuse: []string{"*"}, Grace: grace,
 			}},
-			// No sequence number skipped, ever: no fault makes a server
-			// skip one. No nemesis fault closes a connection, but a
-			// throttled link can hold a response past the driver's
-			// Publish deadline, which gives up on it: its message is
-			// lost in transit (the driver does not Republish), excused
-			// when that Publish overlaps a fault window or its grace.
 			{Name: "nemesis-sequence", Config: check.SequenceConfig{
 				Subscriptions: []string{subscription}, Excuse: []string{"*"}, Grace: grace,
 			}},
 		},
+		Observers: []scenario.Observer{scenario.HeapProfiles{Profile: profile, At: []time.Duration{max(runFor/5, warmup), runFor - 10*time.Second}}},
+		Loads: []scenario.Load{scenario.Subscribe{
+			Client: subscription, Items: items, Sampling: interval, Publishing: publishing, Outstanding: 4, Duration: runFor,
+			Unsecured: true,
+			// the items check counts the samples as the target's node needs
+			Checks: func(mode string, _ check.Span) []check.Spec { return []check.Spec{itemsCheck(mode)} },
+		}},
 	}
-	s.Workload = func(ctx context.Context, r *scenario.Run) error {
-		sm, err := streamOf(r.Env.Profile())
-		if err != nil {
-			return err
-		}
-		r.Check(itemsCheck(sm.mode))
-		r.Rec.Mark("sampled", sm.on)
-		c, closeSession, err := openSession(ctx, r.Env.Endpoint)
-		if err != nil {
-			return fmt.Errorf("open session: %w", err)
-		}
-		defer closeSession()
-		heap := profile(ctx, max(runFor/5, warmup), runFor-10*time.Second)
-		defer heap()
-		st, err := subscribe.Run(ctx, r.Rec, c, subscribe.Config{
-			Client: subscription, Items: items,
-			Node: sm.node, Sampling: interval, Publishing: publishing,
-			Outstanding: 4, Duration: runFor,
-		})
-		if err != nil {
-			return fmt.Errorf("subscribe: %w", err)
-		}
-		r.AddFigures("", st.Figures())
-		return nil
-	}
-	return s
 }
 
 // samplingChecks are the checks of a subscription to items of a stream
@@ -239,7 +152,7 @@ func samplingChecks(items int, span check.Span, mode string) []check.Spec {
 
 // delivers returns the scenario, under a condition, that delivers ≥ 99 %
 // of the samples of each of items items at 10 ms, of the target's
-// sampled counters or else its fast node (streamOf): the subscription
+// sampled counters or else its fast node (scenario.Sampled): the subscription
 // runs over warmup and 5 judged windows of a second. Windows the host
 // disturbed are left out of the fractions: the subscription goes on until
 // 5 were quiet, at most 5 more, and the checks are judged over the
@@ -248,54 +161,18 @@ func samplingChecks(items int, span check.Span, mode string) []check.Spec {
 func delivers(items int) func(toxics.Condition) scenario.Scenario {
 	return func(cond toxics.Condition) scenario.Scenario {
 		span := check.Span{From: warmup, To: warmup + judged, Count: 5}
-		s := scenario.Scenario{
-			Property: property, Name: fmt.Sprintf("items-%d", items), Condition: cond, Requires: []target.Capability{target.CapabilitySampling},
+		name := fmt.Sprintf("items-%d", items)
+		return scenario.Scenario{
+			Property: property, Name: name, Condition: cond,
 			Labels: map[string]string{"items": fmt.Sprint(items)},
 			Checks: samplingChecks(items, span, check.ByCounter),
+			Loads: []scenario.Load{scenario.Subscribe{
+				Client: subscription, Items: items, Sampling: interval, Publishing: publishing, Outstanding: 4,
+				Duration: warmup + judged + 500*time.Millisecond, Revised: readingRevisedSampling,
+				Span: span, Quiet: true, StandardNodes: name,
+				Checks: func(mode string, span check.Span) []check.Spec { return samplingChecks(items, span, mode) },
+			}},
 		}
-		s.Workload = func(ctx context.Context, r *scenario.Run) error {
-			sm, err := streamOf(r.Env.Profile())
-			if err != nil {
-				return err
-			}
-			r.Check(samplingChecks(items, span, sm.mode)...)
-			r.Rec.Mark("sampled", sm.on)
-			r.StandardNodes(s.Name, sm.standard)
-			// windows the host disturbed are left out of the fractions:
-			// the subscription goes on until 5 were quiet, at most 5 more
-			mq := scenario.NewMeasureQuiet(r.Rec, scenario.QuietFine(span), span.Count)
-			// The checks' windows are those the subscription covered,
-			// known once it ended: planned up front over the first 5,
-			// revised on every way out, so that a run cut short keeps
-			// the windows it covered with its evidence.
-			defer func() { r.Check(samplingChecks(items, mq.Span(span), sm.mode)...) }()
-
-			c, closeSession, err := openSession(ctx, r.Env.Endpoint, uaclient.Security(r.Env.Security))
-			if err != nil {
-				return fmt.Errorf("open session (%s): %w", r.Env.Security, err)
-			}
-			defer closeSession()
-
-			// Several Publish requests outstanding so a response in
-			// flight over a slow link never leaves the server
-			// without one.
-			st, err := subscribe.Run(ctx, r.Rec, c, subscribe.Config{
-				Client: subscription, Items: items,
-				Node: sm.node, Sampling: interval, Publishing: publishing,
-				// 0.5 s after the judged span: its last samples are
-				// published within a publishing interval (100 ms) and
-				// a link's 2×(20±5) ms
-				Outstanding: 4, Duration: warmup + judged + 500*time.Millisecond, Extend: mq.Extension(),
-			})
-			if err != nil {
-				return fmt.Errorf("subscribe: %w", err)
-			}
-			r.AddFigures("", st.Figures())
-			r.AddFigures("", mq.Figures())
-			r.Rec.Reading(readingRevisedSampling, float64(st.RevisedSampling)/float64(time.Millisecond))
-			return nil
-		}
-		return s
 	}
 }
 

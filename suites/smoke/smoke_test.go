@@ -206,6 +206,7 @@ func readsStatus(cond toxics.Condition) scenario.Scenario {
 			}},
 		},
 	}
+	// closure: the client paths read in sequence (proxy, direct, fast transport per identity), each session's endpoint compared with the condition's security
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
 		sec := r.Env.Security
 		// the first secured channel of the server: the first identity's
@@ -281,6 +282,7 @@ func latencyToxic(exp *gmeasure.Experiment) scenario.Scenario {
 			}},
 		},
 	}
+	// closure: medians of reads on one session before, under and after the harness's own toxic (Proxy.Apply), each phase ending when its reads are done, not at a time
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
 		c, err := openSession(ctx, r.Env.Endpoint)
 		if err != nil {
@@ -342,6 +344,7 @@ func resetPeer() scenario.Scenario {
 			flagCheck("new-session", readingNewSession, "a new session after the toxic was removed served a read (1: served)"),
 		},
 	}
+	// closure: a read on one session, the harness's own toxic (Proxy.Apply) put in and taken out between its reads, then a new session: the smoke of the primitive nemesis uses
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
 		c, err := openSession(ctx, r.Env.Endpoint)
 		if err != nil {
@@ -450,6 +453,7 @@ func cpuLimit(exp *gmeasure.Experiment) scenario.Scenario {
 			}},
 		},
 	}
+	// closure: the harness's own CPU limit (Env.SetNanoCPUs, read back) between timed bursts on one session: the smoke of the primitive nemesis uses, not a fault
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
 		c, err := openSession(ctx, r.Env.Endpoint)
 		if err != nil {
