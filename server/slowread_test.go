@@ -103,7 +103,7 @@ func TestSlowReadBurnsCPU(t *testing.T) {
 }
 
 // TestSlowReadAddsCPU: with slow-read on, every Read costs the process
-// about its set work more CPU (measured with the process's CPU clock,
+// about its set work more CPU (three times a Read's own, measured with the process's CPU clock,
 // generous bounds: the client runs in this process too), and a share
 // adds about that share of the measured CPU per Read; a Browse costs
 // what it costs without the fault.
@@ -111,7 +111,6 @@ func TestSlowReadAddsCPU(t *testing.T) {
 	if _, ok := processCPU(); !ok {
 		t.Skip("no process CPU clock on this system")
 	}
-	const fixed = 400 * time.Microsecond
 	value := &ua.ReadValueID{NodeID: ua.NewNumericNodeID(0, id.Server_ServerStatus_CurrentTime), AttributeID: ua.AttributeIDValue}
 	objects := hierarchical(ua.NewNumericNodeID(0, id.ObjectsFolder))
 	// perRequest is the process's CPU per request of n requests by f
@@ -142,6 +141,11 @@ func TestSlowReadAddsCPU(t *testing.T) {
 		return read, brow, s
 	}
 	offRead, offBrowse, _ := measure("")
+	// the set work is three times a Read's own CPU, at least 400 µs: a
+	// -race build's Read costs more than half a millisecond and its
+	// measurement moves by as much again, which a smaller work would
+	// drown in
+	fixed := max(400*time.Microsecond, (3 * offRead).Round(100*time.Microsecond))
 	onRead, onBrowse, _ := measure("slow-read=" + fixed.String())
 	t.Logf("CPU per Read %v without the fault, %v with slow-read=%v; per Browse %v, %v", offRead, onRead, fixed, offBrowse, onBrowse)
 	if added := onRead - offRead; added < fixed/2 || added > 3*fixed {
