@@ -57,10 +57,6 @@ const (
 	// an attack is not started with less left (a target that answers
 	// nothing costs a deadline per attack).
 	reserve = 35 * time.Second
-	// deathPolls readings deathPoll apart look for the death of a server
-	// after an attack whose connections closed or went silent.
-	deathPolls = 5
-	deathPoll  = 100 * time.Millisecond
 	// minRatio is the lowest passing victim throughput after/before.
 	minRatio = 0.8
 	// Subscription of the victim, where the target has a sampling counter.
@@ -116,13 +112,6 @@ var referenceLimits = map[string]string{"OPCUA_MAX_SESSIONS": "200"}
 // maxLatency is the longest one Read of the victim may take: as long as
 // it may wait with Reads outstanding and none answered (scenario.MaxStall).
 func maxLatency(cond toxics.Condition) time.Duration { return scenario.MaxStall(cond) }
-
-// closeWatch closes w's session, within 10 s even once the spec ended.
-func closeWatch(ctx context.Context, w *watch.Watch) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	_ = w.Close(ctx)
-}
 
 // victim runs the victim's load (and subscription) in the background.
 type victim struct {
@@ -274,7 +263,7 @@ func attackAll(ctx context.Context, r *scenario.Run, soakFor time.Duration, skip
 		runFor += soakFor
 	}
 	w := watch.New(e, rec, watch.Options{Sessions: h.Setup.Probe.StandardDiagnostics.Found, Connections: e.Target.Diagnostics})
-	defer closeWatch(ctx, w)
+	defer scenario.CloseWatch(ctx, w)
 	mem := &memoryReadings{w: w, rec: rec}
 
 	rec.Mark("victim", fmt.Sprintf("serving a victim: %d Reads/s on one session, a subscription where the target samples", victimRate))
@@ -535,16 +524,9 @@ func (a *attacker) round(ctx context.Context, n int) (cut bool) {
 			a.ran = append(a.ran, b)
 		}
 		if tally.Lost() {
-			// A dying process shows as running for a while (a Go
-			// panic prints its stacks first): look again before the
-			// next attack, so that the death falls between this
-			// attack's readings.
-			for range deathPolls {
-				if !w.State(ctx) {
-					break
-				}
-				scenario.Sleep(ctx, deathPoll)
-			}
+			// look again before the next attack, so that the death
+			// falls between this attack's readings
+			scenario.LookForDeath(ctx, w)
 		}
 		if isBurst(b) {
 			a.mem.read(ctx)
