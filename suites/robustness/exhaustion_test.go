@@ -2,9 +2,6 @@ package robustness_test
 
 import (
 	"cmp"
-	"context"
-	"errors"
-	"fmt"
 	"slices"
 	"time"
 
@@ -13,13 +10,9 @@ import (
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/attack"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
-	fresh "github.com/opcua-chaos/opcua-chaos/fixtures/victim"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
-	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
 
@@ -85,19 +78,6 @@ var exhaustSlice = []string{
 	attack.NameGuessManyUsers, attack.NameClaimedURITheft, attack.NameLiveAnonymousFlood,
 }
 
-// exhaustCatches returns the fault switches (attack.Attack.Fault) of the
-// catalogue's attacks among names (all when names is nil), in the
-// catalogue's order: what the specs running them are aimed at.
-func exhaustCatches(names []string) []catalog.Fault {
-	var out []catalog.Fault
-	for _, a := range attack.Exhaustion(attack.ExhaustionLimits{}) {
-		if f := a.Fault(); f != "" && (names == nil || slices.Contains(names, a.Name)) {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
 // floodSessions is the session table the session floods go past: the
 // target's, the larger of the reported and the probed limit (a server may
 // keep part of its table from anonymous clients, as the reference server
@@ -115,7 +95,7 @@ func floodSessions() int {
 // past its limits (exhaustLimits). The checks of the attacks are planned
 // up front; those of the memory peak (over the baseline phase, with the
 // budget the server reports) and of the guess rate follow once the
-// baseline phase ended (exhaust).
+// baseline phase ended (scenario.Exhaust).
 func exhaustion(only []string) func(toxics.Condition) scenario.Scenario {
 	return func(cond toxics.Condition) scenario.Scenario { return exhaustionOf(only, cond) }
 }
@@ -148,12 +128,12 @@ func exhaustionOf(only []string, cond toxics.Condition) scenario.Scenario {
 	}
 	// in attack.Exhaustion's order: the session floods last; an attack
 	// the target lacks what for (the queue bomb without a slow node) is
-	// left out, its window and checks with it, and said so (exhaust)
+	// left out, its window and checks with it, and said so (scenario.Exhaust)
 	catalogue := attack.Exhaustion(limits)
 	if only != nil {
 		catalogue = slices.DeleteFunc(catalogue, func(a attack.Attack) bool { return !slices.Contains(only, a.Name) })
 	}
-	attacks, lacking := runnable(catalogue)
+	attacks, _ := attack.Runnable(catalogue)
 	names := make([]string, 0, len(attacks))
 	var answers check.AnswersConfig
 	for _, a := range attacks {
@@ -191,163 +171,31 @@ func exhaustionOf(only []string, cond toxics.Condition) scenario.Scenario {
 	if slices.Contains(names, attack.NameClaimedURITheft) {
 		s.Checks = append(s.Checks, check.Spec{Name: "theft", Config: check.TheftConfig{Attacks: []string{attack.NameClaimedURITheft}}})
 	}
-	s.Workload = func(ctx context.Context, r *scenario.Run) error {
-		if len(attacks) == 0 && len(lacking) > 0 {
-			// an attack alone that the target lacks what for: skipped,
-			// with its reason, rather than a run that attacked nothing
-			return &scenario.Lacking{Reason: lacking[0].Name + ": " + lacking[0].Lacks}
-		}
-		for _, a := range lacking {
-			r.Rec.Mark(a.Name, "skipped: "+a.Lacks)
-		}
-		r.Figures["attacks.skipped"] = float64(len(lacking))
-		return exhaust(ctx, r, attacks, names)
+	// fresh clients probe from before the baseline phase until after the
+	// attacks (Probers); the attacks run one after another, each holding
+	// what it made the server hold, and the memory peak and guess rate
+	// are planned once the baseline phase ended (Exhaust)
+	var probers scenario.Probers
+	if h.Setup.Probe.Anonymous.OK {
+		probers.Anonymous = anonymousProber
 	}
+	s.Observers = []scenario.Observer{probers}
+	s.Loads = []scenario.Load{scenario.Exhaust{
+		Attacks: catalogue, Hold: exhaustHold, Baseline: exhaustBaseline, Settle: exhaustSettle, Grace: check.DefaultLockoutGrace,
+		Sessions: h.Setup.Probe.StandardDiagnostics.Found,
+		Peak:     &scenario.MemoryPeak{Name: "memory-peak", Factor: peakFactor, Slack: peakSlack},
+		After:    afterBaseline(h.Setup.Target, names),
+	}}
 	return s
 }
 
-// runnable splits attacks into those that can run against the target and
-// those that lack what they need (attack.Attack.Lacks).
-func runnable(attacks []attack.Attack) (run, lacking []attack.Attack) {
-	for _, a := range attacks {
-		if a.Lacks != "" {
-			lacking = append(lacking, a)
-			continue
-		}
-		run = append(run, a)
-	}
-	return run, lacking
-}
-
-// exhaust is the exhaustion workload: fresh clients probe and the
-// server's memory is read through a baseline phase and the attacks, one
-// after another, each holding what it made the server hold; names are
-// the attacks' names.
-func exhaust(ctx context.Context, r *scenario.Run, attacks []attack.Attack, names []string) error {
-	e, rec, tgt := r.Env, r.Rec, r.Env.Profile()
-	w := watch.New(e, rec, watch.Options{Sessions: h.Setup.Probe.StandardDiagnostics.Found, Connections: e.Target.Diagnostics})
-	defer closeWatch(ctx, w)
-	// memory and CPU are read on a Watch of its own, back to back (at
-	// most every 250 ms; a Docker stats call takes about a second), beside
-	// the state readings
-	mw := watch.New(e, rec, watch.Options{})
-	defer closeWatch(ctx, mw)
-
-	stopProbers := startProbers(ctx, r)
-	defer stopProbers()
-	budget := 0.0
-	if e.Target.Diagnostics {
-		var err error
-		budget, err = fresh.ReadBudget(ctx, rec, e.DirectEndpoint, e.Security)
-		if err != nil {
-			return fmt.Errorf("read the memory budget the server reports (%s): %w", fresh.BudgetNode, err)
-		}
-	}
-
-	rec.Mark("at-rest", fmt.Sprintf("at rest: %v of probes and memory readings", exhaustBaseline))
-	stopMem := fresh.Every(ctx, fresh.MemoryEvery, 15*time.Minute, mw.Usage)
-	defer stopMem()
-	baseline := history.Window{Start: rec.Now()}
-	w.State(ctx)
-	scenario.Sleep(ctx, exhaustBaseline)
-	baseline.End = rec.Now()
-
-	runner := &attack.Runner{Endpoint: e.Endpoint, Direct: e.DirectEndpoint, Rec: rec, Seed: r.Seed}
-	runner.Settle = func(ctx context.Context, a attack.Attack, start time.Duration) {
-		// each attack's window lasts until the server has come back
-		// from it (CPU quiet, memory no longer falling; at most
-		// exhaustSettle) and holds a usage reading of its own, so that
-		// the next attack starts on a quiet server and each peak is
-		// its own attack's
-		rec.Mark(a.Name, mw.Settle(ctx, watch.SettleConfig{Within: exhaustSettle, Since: start}).String())
-	}
-	r.Check(exhaustChecks(tgt, names, budget, baseline)...)
-
-	rec.Mark("attacks", fmt.Sprintf("attacking: %d exhaustion attacks one after another, each holding for %v, fresh clients probing", len(attacks), exhaustHold))
-	var errs []error
-	for _, a := range attacks {
-		tally, err := runner.Run(ctx, a)
-		errs = append(errs, err)
-		if tally.Lost() {
-			for range deathPolls {
-				if !w.State(ctx) {
-					break
-				}
-				scenario.Sleep(ctx, deathPoll)
-			}
-		}
-		w.State(ctx)
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	// the lockout check's grace after the last attack
-	scenario.Sleep(ctx, check.DefaultLockoutGrace)
-	w.State(ctx)
-	stopMem()
-	stopProbers()
-	r.Figures["attacks.run"] = float64(len(attacks))
-	r.Figures["memory.budget_bytes"] = budget
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("send attacks: %w", err)
-	}
-	return nil
-}
-
-// startProbers starts the probers of the exhaustion run r (fresh.Start)
-// and returns their stop, which may be called more than once.
-func startProbers(ctx context.Context, r *scenario.Run) (stop func()) {
-	e, rec := r.Env, r.Rec
-	// The probers: a fresh client every second, logging in as the
-	// target's first user (anonymous if it has none), over None and, on a
-	// secured condition, over the condition's mode too. They come from
-	// another peer than the attackers (the server's own endpoint, not the
-	// proxy's): a victim is another host, and a server may well cap what
-	// one peer address holds.
-	var user, password string
-	if us := e.Target.Users; len(us) > 0 {
-		user, password = us[0].Name, us[0].Password
-	}
-	probeCfg := fresh.Config{Endpoint: e.DirectEndpoint, User: user, Password: password, Duration: 10 * time.Minute}
-	probers := []*fresh.Prober{fresh.Start(ctx, rec, probeCfg)}
-	if user != "" && h.Setup.Probe.Anonymous.OK {
-		// and a fresh anonymous client, where the target lets one in: an
-		// anonymous flood must not lock the next anonymous client out
-		anon := probeCfg
-		anon.User, anon.Password, anon.Client = "", "", anonymousProber
-		probers = append(probers, fresh.Start(ctx, rec, anon))
-	}
-	if e.Security.Secured() {
-		probeCfg.Security = e.Security
-		probers = append(probers, fresh.Start(ctx, rec, probeCfg))
-	}
-	return func() {
-		for _, p := range probers {
-			p.Stop()
-		}
-	}
-}
-
-// exhaustChecks are the checks of an exhaustion run on tgt whose attacks
-// names ran after the baseline phase: the memory peak against the bound
-// tgt declares, else against the budget the server reported (0: none),
-// and the guessing attacks' rate where tgt throttles failed logins.
-func exhaustChecks(tgt target.Profile, names []string, budget float64, baseline history.Window) []check.Spec {
+// afterBaseline are the checks an exhaustion run on tgt plans once its
+// baseline phase ended, after the memory peak's (scenario.Exhaust.After):
+// the guessing attacks' rate where tgt throttles failed logins
+// (OPCUA_CHAOS_LOGIN_THROTTLE; the reference server does): others may
+// not, and are not judged; each guessing attack among names is judged.
+func afterBaseline(tgt target.Profile, names []string) []check.Spec {
 	var checks []check.Spec
-	switch {
-	case tgt.MemoryBound > 0:
-		// declared (OPCUA_CHAOS_MEMORY_BOUND; the reference server's is
-		// built in): a server that lost its budget, reporting 0, is
-		// judged by the same bound
-		checks = append(checks, check.Spec{Name: "memory-peak", Config: check.MemoryPeakConfig{
-			Attacks: names, Bound: float64(tgt.MemoryBound), Baseline: baseline}})
-	case budget > 0:
-		checks = append(checks, check.Spec{Name: "memory-peak", Config: check.MemoryPeakConfig{
-			Attacks: names, BudgetReading: history.ReadingMemoryBudget, Factor: peakFactor, Slack: peakSlack, Baseline: baseline}})
-	}
-	// a target that throttles failed logins (OPCUA_CHAOS_LOGIN_THROTTLE;
-	// the reference server does): others may not, and are not judged;
-	// each guessing attack that runs is judged
 	if tgt.LoginThrottle && slices.Contains(names, attack.NameGuessManyUsers) {
 		checks = append(checks, check.Spec{Name: "guess-rate", Config: check.GuessRateConfig{Attack: attack.NameGuessManyUsers, Throttled: true, MaxRate: maxGuessRate}})
 	}
@@ -361,7 +209,7 @@ func exhaustChecks(tgt target.Profile, names []string, budget float64, baseline 
 
 var _ = Describe("Resource exhaustion", spec.Property(property), Label("exhaustion"), func() {
 	DescribeTable("survives one attack of each kind (connections, sessions, memory, CPU, guessing, theft), refuses with a status and never locks a fresh client out",
-		h.Scenario(exhaustion(exhaustSlice)), spec.Entries([]toxics.Condition{toxics.Baseline}, exhaustCatches(exhaustSlice), SpecTimeout(3*time.Minute)))
+		h.Scenario(exhaustion(exhaustSlice)), spec.Entries([]toxics.Condition{toxics.Baseline}, attack.ExhaustionFaults(exhaustSlice), SpecTimeout(3*time.Minute)))
 	// the whole catalogue, one attack after another on one server: what
 	// an attack leaves behind meets the next (its switches are proven
 	// by the single attacks below)
@@ -373,6 +221,6 @@ var _ = Describe("Resource exhaustion", spec.Property(property), Label("exhausti
 	// first line and reproduces in seconds, not the catalogue's minutes
 	for _, a := range attack.Exhaustion(attack.ExhaustionLimits{}) {
 		DescribeTable("survives "+a.Name+" alone, refuses with a status and never locks a fresh client out",
-			h.Scenario(exhaustion([]string{a.Name})), spec.Entries([]toxics.Condition{toxics.Baseline}, exhaustCatches([]string{a.Name}), SpecTimeout(2*time.Minute), spec.Long))
+			h.Scenario(exhaustion([]string{a.Name})), spec.Entries([]toxics.Condition{toxics.Baseline}, attack.ExhaustionFaults([]string{a.Name}), SpecTimeout(2*time.Minute), spec.Long))
 	}
 })

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,13 +14,9 @@ import (
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/attack"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/subscribe"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/watch"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
@@ -57,10 +52,6 @@ const (
 	// an attack is not started with less left (a target that answers
 	// nothing costs a deadline per attack).
 	reserve = 35 * time.Second
-	// deathPolls readings deathPoll apart look for the death of a server
-	// after an attack whose connections closed or went silent.
-	deathPolls = 5
-	deathPoll  = 100 * time.Millisecond
 	// minRatio is the lowest passing victim throughput after/before.
 	minRatio = 0.8
 	// Subscription of the victim, where the target has a sampling counter.
@@ -117,92 +108,12 @@ var referenceLimits = map[string]string{"OPCUA_MAX_SESSIONS": "200"}
 // it may wait with Reads outstanding and none answered (scenario.MaxStall).
 func maxLatency(cond toxics.Condition) time.Duration { return scenario.MaxStall(cond) }
 
-// closeWatch closes w's session, within 10 s even once the spec ended.
-func closeWatch(ctx context.Context, w *watch.Watch) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	_ = w.Close(ctx)
-}
-
-// victim runs the victim's load (and subscription) in the background.
-type victim struct {
-	stop context.CancelFunc
-	// done is closed once the load and the subscription ended.
-	done chan struct{}
-	// items are the subscription's monitored items (none: no
-	// subscription).
-	items []string
-	// sub is the subscription's session (nil: no subscription, or
-	// closed).
-	sub *uaclient.Client
-
-	loadStats load.Stats
-	subStats  subscribe.Stats
-	err       error
-}
-
-// startVictim starts victimRate Reads per second on one session and, where
-// the target has a sampling counter, a subscription of subItems items. Both
-// run until finish (or the spec's end), at most d; close releases them.
-func startVictim(ctx context.Context, e *env.Env, rec *history.Recorder, d time.Duration) (*victim, error) {
-	vctx, stop := context.WithCancel(ctx)
-	v := &victim{stop: stop, done: make(chan struct{})}
-	var wg sync.WaitGroup
-	var loadErr, subErr error
-	wg.Go(func() {
-		v.loadStats, loadErr = load.Run(vctx, rec, load.Profile{Name: "victim", Endpoint: e.Endpoint, Duration: d, RequestTimeout: 5 * time.Second, Security: e.Security,
-			Sessions: []load.Session{{Name: "victim", Open: &load.OpenLoop{Rate: victimRate}}}})
-	})
-	if pattern := e.Target.SampleNode; pattern != "" {
-		c, err := uaclient.Open(ctx, e.Endpoint, uaclient.Security(e.Security))
-		if err != nil {
-			stop()
-			wg.Wait()
-			return nil, fmt.Errorf("open the victim's subscription session: %w", err)
-		}
-		v.sub = c
-		node := func(i int) *ua.NodeID { return ua.MustParseNodeID(fmt.Sprintf(pattern, i)) }
-		for i := range subItems {
-			v.items = append(v.items, subscribe.ItemName(node(i)))
-		}
-		wg.Go(func() {
-			v.subStats, subErr = subscribe.Run(vctx, rec, c, subscribe.Config{Client: subLabel, Node: node, Items: subItems,
-				Sampling: subSampling, Publishing: subPublishing, Duration: d})
-		})
-	}
-	go func() {
-		wg.Wait()
-		v.err = errors.Join(loadErr, subErr)
-		close(v.done)
-	}()
-	return v, nil
-}
-
-// finish stops the victim, adds its figures to r's and returns its
-// errors.
-func (v *victim) finish(r *scenario.Run) error {
-	v.stop()
-	<-v.done
-	r.AddFigures("victim.", v.loadStats.Figures())
-	if len(v.items) > 0 {
-		r.AddFigures("victim.", v.subStats.Figures())
-	}
-	return v.err
-}
-
-// close stops the victim, waits for its load and subscription and closes
-// the subscription's session (within 10 s, even once the spec ended). It
-// may follow finish.
-func (v *victim) close(ctx context.Context) {
-	v.stop()
-	<-v.done
-	if v.sub == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	_ = v.sub.Close(ctx)
-	v.sub = nil
+// theVictim is the victim of the robustness runs: victimRate Reads per
+// second on one session and, where the target has a sampling counter, a
+// subscription of subItems items, for at most d.
+func theVictim(d time.Duration) scenario.Victim {
+	return scenario.Victim{Rate: victimRate, RequestTimeout: 5 * time.Second, Label: subLabel, Items: subItems,
+		Sampling: subSampling, Publishing: subPublishing, For: d}
 }
 
 // robustness is the scenario of the attacks against the target under cond
@@ -274,17 +185,17 @@ func attackAll(ctx context.Context, r *scenario.Run, soakFor time.Duration, skip
 		runFor += soakFor
 	}
 	w := watch.New(e, rec, watch.Options{Sessions: h.Setup.Probe.StandardDiagnostics.Found, Connections: e.Target.Diagnostics})
-	defer closeWatch(ctx, w)
+	defer scenario.CloseWatch(ctx, w)
 	mem := &memoryReadings{w: w, rec: rec}
 
 	rec.Mark("victim", fmt.Sprintf("serving a victim: %d Reads/s on one session, a subscription where the target samples", victimRate))
-	v, err := startVictim(ctx, e, rec, runFor)
+	v, err := theVictim(runFor).Start(ctx, r)
 	if err != nil {
 		return err
 	}
-	defer v.close(ctx)
+	defer v.Close(ctx)
 	baseline := quietPhase(ctx, rec, w, mem)
-	a := &attacker{w: w, mem: mem, rec: rec, runner: newRunner(e, rec, r.Seed), baseline: baseline,
+	a := &attacker{w: w, mem: mem, rec: rec, runner: newRunner(r), baseline: baseline,
 		baseSessions: highestSessions(rec.History(), baseline), skipped: skipped, alive: true}
 	ran := a.rounds(ctx, r.Seed, soakFor > 0, until)
 	windows := ran.windows
@@ -293,7 +204,7 @@ func attackAll(ctx context.Context, r *scenario.Run, soakFor time.Duration, skip
 		rounds = a.memoryRound(ctx)
 	}
 	stopped := rec.Now()
-	verr := v.finish(r)
+	verr := v.Finish(r)
 	w.State(ctx)
 	mem.read(ctx)
 	windows[len(windows)-1].End = rec.Now()
@@ -307,7 +218,7 @@ func attackAll(ctx context.Context, r *scenario.Run, soakFor time.Duration, skip
 
 	r.Figures["attacks.run"] = float64(a.runs)
 	r.Figures["attacks.skipped"] = float64(len(*skipped))
-	checks := robustnessChecks(cond, a.ran, baseline, a.attacked, stopped, rounds, v.items)
+	checks := robustnessChecks(cond, a.ran, baseline, a.attacked, stopped, rounds, v.Items())
 	if soakFor > 0 {
 		r.Figures["rounds"] = float64(len(windows))
 		// the sessions of the first rounds before the last that were not
@@ -349,18 +260,13 @@ func quietPhase(ctx context.Context, rec *history.Recorder, w *watch.Watch, mem 
 	return baseline
 }
 
-// newRunner is the attack runner of a robustness run on e, seeded with
-// seed: a slow node where the target has one, and the corrupt attack's
-// connection through the second proxy, which carries nothing else: its
-// toxic never touches the victim.
-func newRunner(e *env.Env, rec *history.Recorder, seed int64) *attack.Runner {
-	runner := &attack.Runner{Endpoint: e.Endpoint, Rec: rec, Seed: seed}
-	if e.Target.ServiceTime {
+// newRunner is the attack runner of the robustness run r
+// (scenario.AttackRunner): a slow node where the target has one.
+func newRunner(r *scenario.Run) *attack.Runner {
+	runner := scenario.AttackRunner(r)
+	if r.Env.Target.ServiceTime {
 		runner.SlowNode = ua.NewStringNodeID(1, "Slow.300")
 	}
-	runner.Corrupter = &attack.Corrupter{Endpoint: e.VictimEndpoint, Add: func(ctx context.Context, t toxics.Toxic) (func(context.Context) error, error) {
-		return e.Proxy.Apply(ctx, env.VictimProxyName, []toxics.Toxic{t})
-	}}
 	return runner
 }
 
@@ -535,16 +441,9 @@ func (a *attacker) round(ctx context.Context, n int) (cut bool) {
 			a.ran = append(a.ran, b)
 		}
 		if tally.Lost() {
-			// A dying process shows as running for a while (a Go
-			// panic prints its stacks first): look again before the
-			// next attack, so that the death falls between this
-			// attack's readings.
-			for range deathPolls {
-				if !w.State(ctx) {
-					break
-				}
-				scenario.Sleep(ctx, deathPoll)
-			}
+			// look again before the next attack, so that the death
+			// falls between this attack's readings
+			scenario.LookForDeath(ctx, w)
 		}
 		if isBurst(b) {
 			a.mem.read(ctx)
