@@ -12,7 +12,6 @@ import (
 	"github.com/opcua-chaos/opcua-chaos/fixtures/probe"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/reconnect"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/secure"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
 )
@@ -58,7 +57,8 @@ func transferAs(cond toxics.Condition) (identity, error) {
 		}
 		return identity{as: "anonymous over " + sec.Name(), security: sec}, nil
 	}
-	if u, ok := declaredUser(); ok {
+	if users := h.Setup.Probe.Activated(h.Setup.Target.Users); len(users) > 0 {
+		u := users[0]
 		return identity{as: "user " + u.Name, user: u.Name, password: u.Password}, nil
 	}
 	if mode := probe.SecuredMode(h.Setup.Probe.Security); mode != ua.MessageSecurityModeNone {
@@ -69,24 +69,6 @@ func transferAs(cond toxics.Condition) (identity, error) {
 		return identity{as: "anonymous over " + sec.Name(), security: sec}, nil
 	}
 	return identity{as: "anonymous over none", skip: noTransferIdentity}, nil
-}
-
-// declaredUser is the first of the target's declared users that
-// discovery saw activate (or the first declared, where discovery tried
-// none).
-func declaredUser() (target.User, bool) {
-	users := h.Setup.Target.Users
-	for _, u := range users {
-		for _, a := range h.Setup.Probe.Users {
-			if a.User == u.Name && a.OK {
-				return u, true
-			}
-		}
-	}
-	if len(users) > 0 && len(h.Setup.Probe.Users) == 0 {
-		return users[0], true
-	}
-	return target.User{}, false
 }
 
 // asker is a session of another identity than the stream's that asks for
@@ -114,34 +96,19 @@ func askers(id identity) []asker {
 	switch {
 	case id.skip != "":
 	case id.user != "":
-		if u, ok := otherUser(id.user); ok {
-			out = append(out, asker{session: "s4-" + u.Name, who: "user " + u.Name + " over " + id.security.Name(),
-				user: u.Name, password: u.Password, security: id.security.Nth(0)})
+		// the first other declared user that discovery saw activate
+		for _, u := range h.Setup.Probe.Activated(h.Setup.Target.Users) {
+			if u.Name != id.user {
+				out = append(out, asker{session: "s4-" + u.Name, who: "user " + u.Name + " over " + id.security.Name(),
+					user: u.Name, password: u.Password, security: id.security.Nth(0)})
+				break
+			}
 		}
 	case id.security.Secured() && id.security.Identities() > 1:
 		other := id.security.Nth(1)
 		out = append(out, asker{session: "s4-identity-2", who: "an anonymous session over " + other.Name() + " as " + other.AppURI(), security: other})
 	}
 	return out
-}
-
-// otherUser is the first declared user other than name that discovery
-// saw activate (or the first other declared, where discovery tried none).
-func otherUser(name string) (target.User, bool) {
-	for _, u := range h.Setup.Target.Users {
-		if u.Name == name {
-			continue
-		}
-		if len(h.Setup.Probe.Users) == 0 {
-			return u, true
-		}
-		for _, a := range h.Setup.Probe.Users {
-			if a.User == u.Name && a.OK {
-				return u, true
-			}
-		}
-	}
-	return target.User{}, false
 }
 
 // refusedTransfer asks, from a new session of a (see askers), for sub: a
