@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"reflect"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,13 +12,9 @@ import (
 	"github.com/onsi/gomega/gmeasure"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/load"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/secure"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/target"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
 	"github.com/opcua-chaos/opcua-chaos/server/catalog"
 	"github.com/opcua-chaos/opcua-chaos/toxics"
@@ -78,25 +73,14 @@ func flagCheck(name string, reading history.ReadingName, what string) check.Spec
 	}}
 }
 
-// openSession opens a session on endpoint (with the channel security of
-// opts, None by default); uaclient.CloseWithin closes it within
-// closeTimeout.
-func openSession(ctx context.Context, endpoint string, opts ...uaclient.Option) (*uaclient.Client, error) {
-	c, err := uaclient.Open(ctx, endpoint, opts...)
+// openRecorded opens a session as client on endpoint (with the channel
+// security of opts, None by default), recorded as a history.KindSession
+// op of the client identity identity, so that check.Identities judges it.
+func openRecorded(ctx context.Context, rec *history.Recorder, client, endpoint, identity string, opts ...uaclient.Option) (*uaclient.Client, error) {
+	ref := rec.Invoke(history.Op{Client: client, Session: client, Identity: identity, Kind: history.KindSession, Node: endpoint})
+	c, err := uaclient.Open(ctx, endpoint, append(opts, uaclient.SessionName("opcua-chaos-"+client))...)
 	if err != nil {
-		return nil, fmt.Errorf("open session on %s: %w", endpoint, err)
-	}
-	return c, nil
-}
-
-// openRecorded opens a session as client on endpoint with the channel
-// security sec (one client identity, see secure.Config.Nth), recorded as
-// a history.KindSession op of sec's identity, so that check.Identities
-// judges it.
-func openRecorded(ctx context.Context, rec *history.Recorder, client, endpoint string, sec secure.Config) (*uaclient.Client, error) {
-	ref := rec.Invoke(history.Op{Client: client, Session: client, Identity: sec.Identity(), Kind: history.KindSession, Node: endpoint})
-	c, err := openSession(ctx, endpoint, uaclient.Security(sec), uaclient.SessionName("opcua-chaos-"+client))
-	if err != nil {
+		err = fmt.Errorf("open session on %s: %w", endpoint, err)
 		rec.Fail(ref, 0, err)
 		return nil, err
 	}
@@ -107,64 +91,6 @@ func openRecorded(ctx context.Context, rec *history.Recorder, client, endpoint s
 // closeTimeout bounds closing a workload's session, also once the spec
 // ended.
 const closeTimeout = 10 * time.Second
-
-// readServerState is the request of a workload step that reads
-// ServerStatus.State, which every server has (scenario.Step).
-var readServerState = "Read " + uaclient.ServerStatusState.String() + " (ServerStatus.State)"
-
-// undoCtx is the context of an undo deferred by a workload: 10 s, also
-// once ctx has ended.
-func undoCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-}
-
-// medianReadLatency reads ServerStatus n times in a row (within a minute)
-// and returns the median latency; every read must succeed.
-func medianReadLatency(ctx context.Context, exp *gmeasure.Experiment, name string, c *uaclient.Client, n int) (time.Duration, error) {
-	deadline := time.Now().Add(time.Minute)
-	for i := 0; i < n && time.Now().Before(deadline); i++ {
-		begin := time.Now()
-		if _, err := uaclient.ReadValue(ctx, c, uaclient.ServerStatusState); err != nil {
-			return 0, scenario.Step(fmt.Sprintf("read %d of %s", i+1, name), readServerState, err)
-		}
-		exp.RecordDuration(name, time.Since(begin))
-	}
-	return exp.GetStats(name).DurationFor(gmeasure.StatMedian), nil
-}
-
-// burst reads node total times from workers goroutines on one session and
-// returns how long it took.
-func burst(ctx context.Context, c *uaclient.Client, node *ua.NodeID, total, workers int) (time.Duration, error) {
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		first error
-		next  = make(chan struct{}, total)
-	)
-	for range total {
-		next <- struct{}{}
-	}
-	close(next)
-	begin := time.Now()
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range next {
-				if _, err := uaclient.ReadValue(ctx, c, node); err != nil {
-					mu.Lock()
-					if first == nil {
-						first = err
-					}
-					mu.Unlock()
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return time.Since(begin), first
-}
 
 // number returns v as a float64 if it is a number (an enum such as
 // ServerState decodes as an int32).
@@ -186,7 +112,7 @@ func number(v any) (float64, bool) {
 // security mode, the sessions' endpoints must be of that mode, the proxy
 // session is the run's first client identity's and the direct one the
 // second's (secure.Config.Nth), and then every identity opens a session
-// on the fast transport too (load.Run, a Read each): each client path
+// on the fast transport too (scenario.EveryIdentity): each client path
 // with each identity, judged by check.Identities (scenario.Run adds it),
 // so that a server that serves one client certificate only, or seals a
 // channel for another client's, is named.
@@ -210,7 +136,8 @@ func readsStatus(cond toxics.Condition) scenario.Scenario {
 	s.Workload = func(ctx context.Context, r *scenario.Run) error {
 		sec := r.Env.Security
 		// the first secured channel of the server: the first identity's
-		c, err := openRecorded(ctx, r.Rec, "proxy", r.Env.Endpoint, sec.Nth(0))
+		first, second := sec.Nth(0), sec.Nth(1)
+		c, err := openRecorded(ctx, r.Rec, "proxy", r.Env.Endpoint, first.Identity(), uaclient.Security(first))
 		if err != nil {
 			return err
 		}
@@ -229,7 +156,7 @@ func readsStatus(cond toxics.Condition) scenario.Scenario {
 
 		// the second identity's session: a server that cannot serve it
 		// fails direct-read (and identities), it does not break the run
-		direct, err := openRecorded(ctx, r.Rec, "direct", r.Env.DirectEndpoint, sec.Nth(1))
+		direct, err := openRecorded(ctx, r.Rec, "direct", r.Env.DirectEndpoint, second.Identity(), uaclient.Security(second))
 		if err == nil {
 			defer uaclient.CloseWithin(ctx, direct, closeTimeout)
 			_, err = uaclient.ReadValue(ctx, direct, uaclient.ServerStatusCurrentTime)
@@ -238,18 +165,13 @@ func readsStatus(cond toxics.Condition) scenario.Scenario {
 		if err != nil {
 			r.Rec.Mark("direct read failed", err.Error())
 		}
-		if sec.Secured() {
-			// every identity on the fast transport, one Read each
-			r.Rec.Mark("every client identity on the fast transport", fmt.Sprintf("%d identities", sec.Identities()))
-			if _, err := load.Run(ctx, r.Rec, load.Profile{
-				Name: "identities", Endpoint: r.Env.DirectEndpoint, Sessions: make([]load.Session, sec.Identities()),
-				Transport: load.TransportFast, Security: sec, MaxRequests: 1, Duration: 10 * time.Second, RequestTimeout: 5 * time.Second,
-			}); err != nil {
-				r.Rec.Mark("fast transport sessions failed", err.Error())
-			}
+		if err := (scenario.EveryIdentity{}).Drive(ctx, r); err != nil {
+			return err
 		}
 		ep := c.Session().Endpoint
-		got := secure.Config{Mode: ep.SecurityMode, Policy: ep.SecurityPolicyURI}
+		// the endpoint's mode and policy, described as the run's are
+		got := sec
+		got.Mode, got.Policy = ep.SecurityMode, ep.SecurityPolicyURI
 		r.Rec.Mark("session endpoint", got.String())
 		r.Rec.Reading(readingEndpointMode, float64(ep.SecurityMode))
 		r.Rec.Reading(readingExpectedMode, float64(sec.MessageMode()))
@@ -259,9 +181,10 @@ func readsStatus(cond toxics.Condition) scenario.Scenario {
 }
 
 // latencyToxic measures the median read latency through the proxy before,
-// under and after a 50 ms downstream latency toxic that the workload
-// applies and removes itself (the condition has no toxics: the runner
-// applies nothing), sampling into exp.
+// under and after a 50 ms downstream latency toxic that its load applies
+// and removes itself (the harness's own primitive, Proxy.Apply: the
+// condition has no toxics, the runner applies nothing), each median of
+// reads reads in a row on one session, sampling into exp.
 //
 // The band is one-sided in what a busy host can do: timers that fire
 // late (the proxy's, the client's) only add latency, so a shared CI
@@ -269,6 +192,7 @@ func readsStatus(cond toxics.Condition) scenario.Scenario {
 // catch is a toxic not applied (< 40 ms) or applied twice (both
 // directions: ≥ 100 ms), and one left behind.
 func latencyToxic(exp *gmeasure.Experiment) scenario.Scenario {
+	const reads = 21
 	s := scenario.Scenario{
 		Property: property, Name: "latency", Condition: toxics.Condition{Name: "latency"},
 		Checks: []check.Spec{
@@ -282,60 +206,27 @@ func latencyToxic(exp *gmeasure.Experiment) scenario.Scenario {
 			}},
 		},
 	}
-	// closure: medians of reads on one session before, under and after the harness's own toxic (Proxy.Apply), each phase ending when its reads are done, not at a time
-	s.Workload = func(ctx context.Context, r *scenario.Run) error {
-		c, err := openSession(ctx, r.Env.Endpoint)
-		if err != nil {
-			return err
-		}
-		defer uaclient.CloseWithin(ctx, c, closeTimeout)
-		const n = 21
-
-		r.Rec.Mark("measuring the baseline", "")
-		base, err := medianReadLatency(ctx, exp, "baseline", c, n)
-		if err != nil {
-			return err
-		}
-		r.Rec.Reading(readingBaseline, ms(base))
-
-		r.Rec.Mark("adding a 50 ms downstream latency toxic", "")
-		tox := toxics.Latency(toxics.Downstream, 50, 0)
-		undo, err := r.Env.Proxy.Apply(ctx, env.ProxyName, []toxics.Toxic{tox})
-		if err != nil {
-			return fmt.Errorf("add the latency toxic: %w", err)
-		}
-		removed := r.Rec.Fault("latency-50ms", "50 ms downstream latency toxic")
-		defer func() {
-			uctx, cancel := undoCtx(ctx)
-			defer cancel()
-			removed(undo(uctx))
-		}()
-		slow, err := medianReadLatency(ctx, exp, "latency-50ms", c, n)
-		if err != nil {
-			return err
-		}
-		r.Rec.Reading(readingToxic, ms(slow))
-
-		r.Rec.Mark("removing the toxic", "")
-		err = undo(ctx)
-		removed(err)
-		if err != nil {
-			return fmt.Errorf("remove the latency toxic: %w", err)
-		}
-		after, err := medianReadLatency(ctx, exp, "after", c, n)
-		if err != nil {
-			return err
-		}
-		r.Rec.Reading(readingAfter, ms(after))
-		r.AddFigures("", map[string]float64{"baseline_median_ms": ms(base), "toxic_median_ms": ms(slow), "after_median_ms": ms(after), "added_ms": ms(slow - base)})
-		return nil
-	}
+	s.Loads = []scenario.Load{scenario.SessionPhases{
+		Record: func(name string, d time.Duration) { exp.RecordDuration(name, d) },
+		Phases: []scenario.Phase{
+			{Mark: "measuring the baseline", Measures: []scenario.Measure{
+				{Name: "baseline", Probe: scenario.MedianRead{N: reads}, Reading: readingBaseline, Figure: "baseline_median_ms"}}},
+			{Mark: "adding a 50 ms downstream latency toxic",
+				Hold: scenario.ProxyToxics{Name: "latency-50ms", Detail: "50 ms downstream latency toxic", Toxics: []toxics.Toxic{toxics.Latency(toxics.Downstream, 50, 0)}},
+				Measures: []scenario.Measure{
+					{Name: "latency-50ms", Probe: scenario.MedianRead{N: reads}, Reading: readingToxic, Figure: "toxic_median_ms"}}},
+			{Mark: "removing the toxic", Measures: []scenario.Measure{
+				{Name: "after", Probe: scenario.MedianRead{N: reads}, Reading: readingAfter, Figure: "after_median_ms"}}},
+		},
+		Derived: []scenario.Derived{{Name: "added_ms", Of: readingToxic, Base: readingBaseline}},
+	}}
 	return s
 }
 
-// resetPeer breaks the connection with a reset_peer toxic that the
-// workload applies and removes itself (the condition has no toxics), and
-// then opens a new session.
+// resetPeer breaks the connection of a session that served a read with a
+// reset_peer toxic that its load applies and removes itself (the
+// harness's own primitive; the condition has no toxics), reading every
+// 10 ms until a read fails, and then opens a new session.
 func resetPeer() scenario.Scenario {
 	s := scenario.Scenario{
 		Property: property, Name: "reset", Condition: toxics.Condition{Name: "reset"},
@@ -344,104 +235,29 @@ func resetPeer() scenario.Scenario {
 			flagCheck("new-session", readingNewSession, "a new session after the toxic was removed served a read (1: served)"),
 		},
 	}
-	// closure: a read on one session, the harness's own toxic (Proxy.Apply) put in and taken out between its reads, then a new session: the smoke of the primitive nemesis uses
-	s.Workload = func(ctx context.Context, r *scenario.Run) error {
-		c, err := openSession(ctx, r.Env.Endpoint)
-		if err != nil {
-			return err
-		}
-		defer uaclient.CloseWithin(ctx, c, closeTimeout)
-		if _, err := uaclient.ReadValue(ctx, c, uaclient.ServerStatusState); err != nil {
-			return scenario.Step("read before the reset", readServerState, err)
-		}
-
-		r.Rec.Mark("adding a reset_peer toxic", "")
-		undo, err := r.Env.Proxy.Apply(ctx, env.ProxyName, []toxics.Toxic{toxics.ResetPeer(toxics.Downstream, 0)})
-		if err != nil {
-			return fmt.Errorf("add the reset_peer toxic: %w", err)
-		}
-		removed := r.Rec.Fault("reset_peer", "downstream reset_peer toxic")
-		defer func() {
-			uctx, cancel := undoCtx(ctx)
-			defer cancel()
-			removed(undo(uctx))
-		}()
-		failed, err := readFails(ctx, c, 15*time.Second)
-		if err != nil {
-			return err
-		}
-		r.Rec.Reading(readingResetFailed, history.Flag(failed != nil))
-		if failed != nil {
-			r.Rec.Mark("read on the reset connection failed", failed.Error())
-		}
-
-		r.Rec.Mark("removing the toxic and opening a new session", "")
-		err = undo(ctx)
-		removed(err)
-		if err != nil {
-			return fmt.Errorf("remove the reset_peer toxic: %w", err)
-		}
-		err = readOnNewSession(ctx, r.Env.Endpoint)
-		r.Rec.Reading(readingNewSession, history.Flag(err == nil))
-		if err != nil {
-			r.Rec.Mark("new session after the reset not served", err.Error())
-		}
-		return nil
-	}
+	s.Loads = []scenario.Load{scenario.SessionPhases{Phases: []scenario.Phase{
+		{Measures: []scenario.Measure{{Name: "read before the reset", Probe: scenario.ReadOnce{}}}},
+		{Mark: "adding a reset_peer toxic",
+			Hold: scenario.ProxyToxics{Name: "reset_peer", Detail: "downstream reset_peer toxic", Toxics: []toxics.Toxic{toxics.ResetPeer(toxics.Downstream, 0)}},
+			Measures: []scenario.Measure{{Name: "reset", Reading: readingResetFailed,
+				Probe: scenario.ReadFails{Within: 15 * time.Second, FailMark: "read on the reset connection failed"}}}},
+		{Mark: "removing the toxic and opening a new session", Measures: []scenario.Measure{{Name: "new session", Reading: readingNewSession,
+			Probe: scenario.NewSessionRead{FailMark: "new session after the reset not served"}}}},
+	}}}
 	return s
 }
 
-// readFails reads ServerStatus on c every 10 ms, each read within 2 s,
-// until one fails or within passes, and returns the failure (nil when
-// every read succeeded). Its error is ctx's.
-func readFails(ctx context.Context, c *uaclient.Client, within time.Duration) (failed, err error) {
-	deadline := time.Now().Add(within)
-	for {
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, rerr := uaclient.ReadValue(rctx, c, uaclient.ServerStatusState)
-		cancel()
-		if err := ctx.Err(); err != nil {
-			return nil, context.Cause(ctx)
-		}
-		if rerr != nil {
-			return rerr, nil
-		}
-		if time.Now().After(deadline) {
-			return nil, nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil, context.Cause(ctx)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-}
-
-// readOnNewSession opens a session on endpoint, reads ServerStatus on it
-// and closes it.
-func readOnNewSession(ctx context.Context, endpoint string) error {
-	fresh, err := openSession(ctx, endpoint)
-	if err != nil {
-		return err
-	}
-	defer uaclient.CloseWithin(ctx, fresh, closeTimeout)
-	if _, err := uaclient.ReadValue(ctx, fresh, uaclient.ServerStatusState); err != nil {
-		return fmt.Errorf("read on a new session after the reset: %w", err)
-	}
-	return nil
-}
-
-// cpuLimit times a fixed burst of CPU-bound reads without and with a 0.25
-// CPU limit that the workload puts on the server container and lifts
-// itself (the condition has no CPU limit), sampling into exp. 96 reads ×
-// 2 ms of server CPU, 8 at a time: ~0.2 CPU-seconds, which take ≥ 0.8 s
-// at 0.25 CPU and ~0.1–0.2 s on 2 free cores; 2× leaves room for a busy
-// machine.
+// cpuLimit times a fixed burst of CPU-bound reads on one session without
+// and with a 0.25 CPU limit that its load puts on the server container
+// and lifts itself (the harness's own primitive, Env.SetNanoCPUs, read
+// back from Docker; the condition has no CPU limit), sampling into exp.
+// 96 reads × 2 ms of server CPU, 8 at a time: ~0.2 CPU-seconds, which
+// take ≥ 0.8 s at 0.25 CPU and ~0.1–0.2 s on 2 free cores; 2× leaves
+// room for a busy machine.
 func cpuLimit(exp *gmeasure.Experiment) scenario.Scenario {
 	const nanoCPUs = 250_000_000
 	s := scenario.Scenario{
 		Property: property, Name: "cpu", Condition: toxics.Condition{Name: "cpu"},
-		Requires: []target.Capability{target.CapabilityCPULimit, target.CapabilityServiceTime},
 		Checks: []check.Spec{
 			{Name: "cpu-limit", Config: check.ReadingsConfig{
 				Reading: readingNanoCPUs, Min: check.Bound(nanoCPUs), Max: check.Bound(nanoCPUs), Required: true, Count: true,
@@ -453,61 +269,21 @@ func cpuLimit(exp *gmeasure.Experiment) scenario.Scenario {
 			}},
 		},
 	}
-	// closure: the harness's own CPU limit (Env.SetNanoCPUs, read back) between timed bursts on one session: the smoke of the primitive nemesis uses, not a fault
-	s.Workload = func(ctx context.Context, r *scenario.Run) error {
-		c, err := openSession(ctx, r.Env.Endpoint)
-		if err != nil {
-			return err
-		}
-		defer uaclient.CloseWithin(ctx, c, closeTimeout)
-		busy := ua.NewStringNodeID(1, "Busy.2000")
-		const total, workers = 96, 8
-		if _, err := burst(ctx, c, busy, 16, workers); err != nil {
-			return fmt.Errorf("warm-up burst: %w", err)
-		}
-		run := func(name string) (time.Duration, error) {
-			for range 3 {
-				d, err := burst(ctx, c, busy, total, workers)
-				if err != nil {
-					return 0, fmt.Errorf("burst %s: %w", name, err)
-				}
-				exp.RecordDuration(name, d)
-			}
-			return exp.GetStats(name).DurationFor(gmeasure.StatMedian), nil
-		}
-		r.Rec.Mark("timing the burst without a limit", "")
-		unlimited, err := run("unlimited")
-		if err != nil {
-			return err
-		}
-		r.Rec.Reading(readingUnlimited, ms(unlimited))
-
-		r.Rec.Mark("limiting the server to 0.25 CPU", "")
-		if err := r.Env.SetNanoCPUs(ctx, nanoCPUs); err != nil {
-			return fmt.Errorf("limit the server's CPU: %w", err)
-		}
-		lifted := r.Rec.Fault("cpu-0.25", "server container limited to 0.25 CPU")
-		defer func() {
-			uctx, cancel := undoCtx(ctx)
-			defer cancel()
-			lifted(r.Env.SetNanoCPUs(uctx, 0))
-		}()
-		got, err := r.Env.NanoCPUs(ctx)
-		if err != nil {
-			return fmt.Errorf("read the server's CPU limit: %w", err)
-		}
-		r.Rec.Reading(readingNanoCPUs, float64(got))
-		limited, err := run("limited-0.25cpu")
-		if err != nil {
-			return err
-		}
-		r.Rec.Reading(readingLimited, ms(limited))
-		r.AddFigures("", map[string]float64{
-			"unlimited_median_ms": ms(unlimited), "limited_median_ms": ms(limited),
-			"slowdown_ratio": float64(limited) / float64(unlimited), "nano_cpus": float64(got),
-		})
-		return nil
-	}
+	busy := scenario.Bursts{Node: ua.NewStringNodeID(1, "Busy.2000"), Total: 96, Workers: 8, Times: 3}
+	warmup := busy
+	warmup.Total, warmup.Times = 16, 1
+	s.Loads = []scenario.Load{scenario.SessionPhases{
+		Record: func(name string, d time.Duration) { exp.RecordDuration(name, d) },
+		Phases: []scenario.Phase{
+			{Measures: []scenario.Measure{{Name: "warm-up", Probe: warmup}}},
+			{Mark: "timing the burst without a limit", Measures: []scenario.Measure{
+				{Name: "unlimited", Probe: busy, Reading: readingUnlimited, Figure: "unlimited_median_ms"}}},
+			{Mark: "limiting the server to 0.25 CPU", Hold: scenario.CPULimit{Name: "cpu-0.25", NanoCPUs: nanoCPUs}, Measures: []scenario.Measure{
+				{Name: "docker inspect", Probe: scenario.ContainerCPULimit{}, Reading: readingNanoCPUs, Figure: "nano_cpus"},
+				{Name: "limited-0.25cpu", Probe: busy, Reading: readingLimited, Figure: "limited_median_ms"}}},
+		},
+		Derived: []scenario.Derived{{Name: "slowdown_ratio", Of: readingLimited, Base: readingUnlimited, Ratio: true}},
+	}}
 	return s
 }
 
@@ -539,5 +315,3 @@ var _ = Describe("Smoke", spec.Property(property), func() {
 		h.Run(ctx, cpuLimit(exp))
 	}, spec.Timeout(3*time.Minute), FlakeAttempts(spec.Attempts))
 })
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
