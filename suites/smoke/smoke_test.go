@@ -12,7 +12,9 @@ import (
 	"github.com/onsi/gomega/gmeasure"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
+	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
@@ -212,7 +214,7 @@ func latencyToxic(exp *gmeasure.Experiment) scenario.Scenario {
 			{Mark: "measuring the baseline", Measures: []scenario.Measure{
 				{Name: "baseline", Probe: scenario.MedianRead{N: reads}, Reading: readingBaseline, Figure: "baseline_median_ms"}}},
 			{Mark: "adding a 50 ms downstream latency toxic",
-				Hold: scenario.ProxyToxics{Name: "latency-50ms", Detail: "50 ms downstream latency toxic", Toxics: []toxics.Toxic{toxics.Latency(toxics.Downstream, 50, 0)}},
+				Fault: nemesis.Toxics("latency-50ms", env.ProxyName, toxics.Latency(toxics.Downstream, 50, 0)),
 				Measures: []scenario.Measure{
 					{Name: "latency-50ms", Probe: scenario.MedianRead{N: reads}, Reading: readingToxic, Figure: "toxic_median_ms"}}},
 			{Mark: "removing the toxic", Measures: []scenario.Measure{
@@ -238,7 +240,7 @@ func resetPeer() scenario.Scenario {
 	s.Loads = []scenario.Load{scenario.SessionPhases{Phases: []scenario.Phase{
 		{Measures: []scenario.Measure{{Name: "read before the reset", Probe: scenario.ReadOnce{}}}},
 		{Mark: "adding a reset_peer toxic",
-			Hold: scenario.ProxyToxics{Name: "reset_peer", Detail: "downstream reset_peer toxic", Toxics: []toxics.Toxic{toxics.ResetPeer(toxics.Downstream, 0)}},
+			Fault: nemesis.Toxics("reset_peer", env.ProxyName, toxics.ResetPeer(toxics.Downstream, 0)),
 			Measures: []scenario.Measure{{Name: "reset", Reading: readingResetFailed,
 				Probe: scenario.ReadFails{Within: 15 * time.Second, FailMark: "read on the reset connection failed"}}}},
 		{Mark: "removing the toxic and opening a new session", Measures: []scenario.Measure{{Name: "new session", Reading: readingNewSession,
@@ -249,7 +251,7 @@ func resetPeer() scenario.Scenario {
 
 // cpuLimit times a fixed burst of CPU-bound reads on one session without
 // and with a 0.25 CPU limit that its load puts on the server container
-// and lifts itself (the harness's own primitive, Env.SetNanoCPUs, read
+// and lifts itself (the harness's own primitive, Env.LimitCPU, read
 // back from Docker; the condition has no CPU limit), sampling into exp.
 // 96 reads × 2 ms of server CPU, 8 at a time: ~0.2 CPU-seconds, which
 // take ≥ 0.8 s at 0.25 CPU and ~0.1–0.2 s on 2 free cores; 2× leaves
@@ -278,7 +280,7 @@ func cpuLimit(exp *gmeasure.Experiment) scenario.Scenario {
 			{Measures: []scenario.Measure{{Name: "warm-up", Probe: warmup}}},
 			{Mark: "timing the burst without a limit", Measures: []scenario.Measure{
 				{Name: "unlimited", Probe: busy, Reading: readingUnlimited, Figure: "unlimited_median_ms"}}},
-			{Mark: "limiting the server to 0.25 CPU", Hold: scenario.CPULimit{Name: "cpu-0.25", NanoCPUs: nanoCPUs}, Measures: []scenario.Measure{
+			{Mark: "limiting the server to 0.25 CPU", Fault: nemesis.CPU("cpu-0.25", nanoCPUs), Measures: []scenario.Measure{
 				{Name: "docker inspect", Probe: scenario.ContainerCPULimit{}, Reading: readingNanoCPUs, Figure: "nano_cpus"},
 				{Name: "limited-0.25cpu", Probe: busy, Reading: readingLimited, Figure: "limited_median_ms"}}},
 		},
