@@ -12,9 +12,7 @@ import (
 	"github.com/onsi/gomega/gmeasure"
 
 	"github.com/opcua-chaos/opcua-chaos/fixtures/check"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/env"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/history"
-	"github.com/opcua-chaos/opcua-chaos/fixtures/nemesis"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/scenario"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/spec"
 	"github.com/opcua-chaos/opcua-chaos/fixtures/uaclient"
@@ -214,7 +212,7 @@ func latencyToxic(exp *gmeasure.Experiment) scenario.Scenario {
 			{Mark: "measuring the baseline", Measures: []scenario.Measure{
 				{Name: "baseline", Probe: scenario.MedianRead{N: reads}, Reading: readingBaseline, Figure: "baseline_median_ms"}}},
 			{Mark: "adding a 50 ms downstream latency toxic",
-				Fault: nemesis.Toxics("latency-50ms", env.ProxyName, toxics.Latency(toxics.Downstream, 50, 0)),
+				Condition: toxics.Condition{Name: "latency-50ms", Toxics: []toxics.Toxic{toxics.Latency(toxics.Downstream, 50, 0)}},
 				Measures: []scenario.Measure{
 					{Name: "latency-50ms", Probe: scenario.MedianRead{N: reads}, Reading: readingToxic, Figure: "toxic_median_ms"}}},
 			{Mark: "removing the toxic", Measures: []scenario.Measure{
@@ -240,7 +238,7 @@ func resetPeer() scenario.Scenario {
 	s.Loads = []scenario.Load{scenario.SessionPhases{Phases: []scenario.Phase{
 		{Measures: []scenario.Measure{{Name: "read before the reset", Probe: scenario.ReadOnce{}}}},
 		{Mark: "adding a reset_peer toxic",
-			Fault: nemesis.Toxics("reset_peer", env.ProxyName, toxics.ResetPeer(toxics.Downstream, 0)),
+			Condition: toxics.Condition{Name: "reset_peer", Toxics: []toxics.Toxic{toxics.ResetPeer(toxics.Downstream, 0)}},
 			Measures: []scenario.Measure{{Name: "reset", Reading: readingResetFailed,
 				Probe: scenario.ReadFails{Within: 15 * time.Second, FailMark: "read on the reset connection failed"}}}},
 		{Mark: "removing the toxic and opening a new session", Measures: []scenario.Measure{{Name: "new session", Reading: readingNewSession,
@@ -280,7 +278,7 @@ func cpuLimit(exp *gmeasure.Experiment) scenario.Scenario {
 			{Measures: []scenario.Measure{{Name: "warm-up", Probe: warmup}}},
 			{Mark: "timing the burst without a limit", Measures: []scenario.Measure{
 				{Name: "unlimited", Probe: busy, Reading: readingUnlimited, Figure: "unlimited_median_ms"}}},
-			{Mark: "limiting the server to 0.25 CPU", Fault: nemesis.CPU("cpu-0.25", nanoCPUs), Measures: []scenario.Measure{
+			{Mark: "limiting the server to 0.25 CPU", Condition: toxics.Condition{Name: "cpu-0.25", NanoCPUs: nanoCPUs}, Measures: []scenario.Measure{
 				{Name: "docker inspect", Probe: scenario.ContainerCPULimit{}, Reading: readingNanoCPUs, Figure: "nano_cpus"},
 				{Name: "limited-0.25cpu", Probe: busy, Reading: readingLimited, Figure: "limited_median_ms"}}},
 		},
